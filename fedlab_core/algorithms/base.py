@@ -1,0 +1,228 @@
+"""The algorithm protocol: the seam between the engine and every federated method.
+
+The engine (``fedlab_core.engine``) knows nothing about any method. Each round it asks the algorithm
+for the message a sampled client receives (:meth:`Algorithm.server_message`), runs the client's
+:meth:`Algorithm.local_update`, collects the uploads and hands them to :meth:`Algorithm.aggregate`.
+Evaluation goes through :meth:`Algorithm.predict`. Everything that crosses the network is a
+:class:`Message`, whose bytes the engine counts; the server side sees nothing else.
+
+:class:`Algorithm` is FedAvg's machinery (McMahan et al., AISTATS 2017): local SGD on a workspace
+model, uploads of the flattened weights, sample-weighted averaging of every floating-point state
+entry (batch-norm running statistics included). Other methods subclass it and override only the
+hooks where they differ.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.federation import ClientData, Federation
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A client's training loss became NaN or infinite; the run stops."""
+
+
+@dataclass
+class Message:
+    """What one client sends or receives in one round.
+
+    tensors : named tensors (weights, control variates, offsets, statistics).
+    num_samples : the sender's training-set size, the aggregation weight (8 bytes when set).
+    metrics : scalar training metrics such as the mean local loss (8 bytes each).
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    num_samples: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        tensor_bytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return tensor_bytes + 8 * len(self.metrics) + (8 if self.num_samples else 0)
+
+
+@dataclass(frozen=True)
+class Training:
+    """How a client trains locally; shared by every algorithm."""
+
+    local_epochs: int = 1       # passes over the local data per round
+    local_steps: int = 0        # if > 0: this many mini-batches per round instead of epochs
+    batch_size: int = 32        # mini-batch size
+    optimizer: str = "sgd"      # "sgd" or "adam"
+    lr: float = 0.05            # local learning rate
+    momentum: float = 0.0       # SGD momentum (reset every round)
+    weight_decay: float = 0.0   # L2 penalty
+
+
+class FlatState:
+    """A view of some of a module's floating-point state entries as one flat vector.
+
+    Parameters
+    ----------
+    model : the module.
+    keep : predicate on state-dict names; entries for which it is False are left out.
+    """
+
+    def __init__(self, model: nn.Module, keep=lambda name: True):
+        state = model.state_dict(keep_vars=True)
+        self.names = [k for k, v in state.items() if v.is_floating_point() and keep(k)]
+        self._tensors = [state[k].data for k in self.names]
+        self._numels = [t.numel() for t in self._tensors]
+        self.size = sum(self._numels)
+
+    def get(self) -> torch.Tensor:
+        """The entries concatenated into a new (size,) tensor."""
+        if not self._tensors:
+            return torch.zeros(0)
+        return torch.cat([t.reshape(-1) for t in self._tensors])
+
+    @torch.no_grad()
+    def set(self, flat: torch.Tensor) -> None:
+        """Copy a (size,) vector back into the module's entries."""
+        for t, chunk in zip(self._tensors, flat.split(self._numels)):
+            t.copy_(chunk.view_as(t))
+
+
+def weighted_mean(vectors: list[torch.Tensor], weights: Iterable[float]) -> torch.Tensor:
+    """sum_k w_k v_k / sum_k w_k for equally shaped tensors."""
+    weights = torch.as_tensor(list(weights), dtype=vectors[0].dtype, device=vectors[0].device)
+    return torch.einsum("k,k...->...", weights / weights.sum(), torch.stack(vectors))
+
+
+class Algorithm:
+    """FedAvg, and the hooks every other algorithm overrides.
+
+    Class attributes
+    ----------------
+    name : registry name.
+    local_patterns : glob patterns of state-dict names that never leave the client (e.g. FedBN's
+        ``"*bn*"``); they live in the client state and are never averaged.
+    """
+
+    name = "fedavg"
+    local_patterns: tuple[str, ...] = ()
+
+    def __init__(self, training: Training | None = None):
+        self.training = training or Training()
+        self.augment = None  # set by the engine; None means no augmentation
+
+    # ------------------------------------------------------------------ protocol
+
+    def init(self, model: nn.Module, federation: Federation) -> dict[str, Any]:
+        """Take the workspace model and return the initial server state."""
+        self.model = model
+        self.federation = federation
+        self.device = next(model.parameters()).device
+        is_local = lambda name: any(fnmatch.fnmatch(name, p) for p in self.local_patterns)
+        self.shared = FlatState(model, keep=lambda n: not is_local(n))
+        self.local = FlatState(model, keep=is_local)
+        return {"weights": self.shared.get()}
+
+    def init_client(self, cid: int) -> dict[str, Any]:
+        """What client `cid` keeps between rounds (here: its local entries, if any)."""
+        return {"local": self.local.get()} if self.local.size else {}
+
+    def server_message(self, server_state: dict[str, Any], cid: int) -> Message:
+        """What client `cid` receives at the start of a round."""
+        return Message({"weights": server_state["weights"]})
+
+    def local_update(self, message: Message, client_state: dict[str, Any], data: ClientData,
+                     rng: torch.Generator) -> tuple[Message, dict[str, Any]]:
+        """Train on the client's data and return (upload, new client state)."""
+        self.load(message.tensors["weights"], client_state)
+        loss = self.train_local(data, rng, client_state)
+        return self.upload(data, loss, client_state), client_state
+
+    def aggregate(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]],
+                  round_idx: int) -> dict[str, Any]:
+        """New server state from the round's uploads, as (client id, message) pairs."""
+        weights = weighted_mean([m.tensors["weights"] for _, m in uploads], [m.num_samples for _, m in uploads])
+        return {**server_state, "weights": weights}
+
+    @torch.no_grad()
+    def predict(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
+                x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, classes) for inputs x (B, C, H, W): the global model, with the client's
+        local entries when a client state is given."""
+        self.load(server_state["weights"], client_state)
+        self.model.eval()
+        return self.model(x)
+
+    # ------------------------------------------------------------------ building blocks
+
+    def load(self, weights: torch.Tensor, client_state: dict[str, Any] | None) -> None:
+        """Put global weights (and the client's local entries) into the workspace model."""
+        self.shared.set(weights)
+        if client_state and "local" in client_state:
+            self.local.set(client_state["local"])
+
+    def upload(self, data: ClientData, loss: float, client_state: dict[str, Any]) -> Message:
+        """The default upload: the trained shared weights; local entries go to the client state."""
+        if self.local.size:
+            client_state["local"] = self.local.get()
+        return Message({"weights": self.shared.get()}, num_samples=data.num_train, metrics={"loss": loss})
+
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        t = self.training
+        if t.optimizer == "adam":
+            return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+    def batches(self, data: ClientData, rng: torch.Generator):
+        """Mini-batches (x, y) for one round: `local_epochs` shuffled passes, or `local_steps` batches.
+
+        A trailing batch of one sample is dropped (batch norm cannot train on it).
+        """
+        t, n = self.training, data.num_train
+        passes = math.inf if t.local_steps else t.local_epochs
+        steps, done = 0, 0
+        while done < passes:
+            perm = torch.randperm(n, generator=rng).to(data.x_train.device)
+            xs, ys = data.x_train[perm], data.y_train[perm]  # one gather per pass
+            for start in range(0, n, t.batch_size):
+                if n - start == 1 and n > 1:
+                    break
+                yield xs[start:start + t.batch_size], ys[start:start + t.batch_size]
+                steps += 1
+                if steps == t.local_steps:
+                    return
+            done += 1
+
+    def train_local(self, data: ClientData, rng: torch.Generator, client_state: dict[str, Any]) -> float:
+        """Run the local optimisation; returns the mean training loss."""
+        self.model.train()
+        opt = self.make_optimizer(self.model.parameters())
+        total, steps = torch.zeros((), device=self.device), 0
+        for x, y in self.batches(data, rng):
+            if self.augment is not None:
+                x, y = self.augment.train_batch(self.model, x, y, data.cid, rng)
+            total += self.train_step(x, y, opt, client_state).detach()
+            steps += 1
+        loss = (total / max(steps, 1)).item()
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(f"training loss is {loss}")
+        return loss
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+                   client_state: dict[str, Any]) -> torch.Tensor:
+        """One optimiser step on one mini-batch; returns the loss."""
+        opt.zero_grad(set_to_none=True)
+        loss = self.loss(x, y, client_state)
+        loss.backward()
+        self.before_step(client_state)
+        opt.step()
+        return loss
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
+        """The local objective on one batch; y holds class ids or soft targets (B, classes)."""
+        return F.cross_entropy(self.model(x), y)
+
+    def before_step(self, client_state: dict[str, Any]) -> None:
+        """Gradient corrections between backward and the optimiser step (SCAFFOLD, FedProx)."""

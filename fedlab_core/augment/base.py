@@ -1,0 +1,34 @@
+"""The augmentation protocol: data-level plug-ins that compose with any algorithm.
+
+An augmentation may (1) run a set-up exchange before training (FedRDN's statistics, OT alignment's
+barycenters), returning the messages it sent so the engine counts their bytes, and may transform the
+federation's data; (2) transform each training mini-batch (mixup, AdvProp, FedRDN); (3) transform
+evaluation inputs per client (FedRDN's own statistics, OT's per-client projection). The base class
+does nothing, which is the "none" augmentation.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..algorithms.base import Message
+from ..data.federation import Federation
+
+
+class Augment:
+    """No augmentation; the hooks others override."""
+
+    name = "none"
+
+    def setup(self, federation: Federation, seed: int) -> tuple[Federation, list[Message], list[Message]]:
+        """Before round 1: return (federation to train on, messages sent up, messages sent down)."""
+        return federation, [], []
+
+    def train_batch(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cid: int,
+                    rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transform one training batch of client `cid`; y may become soft targets (B, classes)."""
+        return x, y
+
+    def eval_input(self, x: torch.Tensor, cid: int | None) -> torch.Tensor:
+        """Transform evaluation inputs of client `cid` (None: the global test set)."""
+        return x

@@ -1,0 +1,207 @@
+"""The simulation loop: sample clients, run local updates, aggregate, evaluate, log, checkpoint.
+
+The engine knows nothing about any algorithm: it moves :class:`~fedlab_core.algorithms.base.Message`
+objects between :meth:`Algorithm.server_message`, :meth:`Algorithm.local_update` and
+:meth:`Algorithm.aggregate`, counts their bytes, and evaluates through :meth:`Algorithm.predict`.
+
+Every client in every round draws its randomness from its own generator, derived from
+(seed, round, client), so results do not depend on the order clients run in, and a run resumed from a
+checkpoint ends with exactly the numbers of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .algorithms.base import Algorithm, Message, NonFiniteLossError
+from .augment.base import Augment
+from .data.federation import Federation
+
+log = logging.getLogger("fedlab_core")
+
+SERVER = -1  # the "client id" of the server's own random stream (client sampling)
+INIT = -2    # the stream that initialises the model
+
+
+def derive_seed(seed: int, round_idx: int, client: int) -> int:
+    """A 63-bit seed that depends only on (seed, round, client); client may be SERVER or INIT."""
+    state = np.random.SeedSequence([seed, round_idx, client - INIT]).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def client_generator(seed: int, round_idx: int, client: int) -> torch.Generator:
+    """The torch generator client `client` uses in round `round_idx` (CPU; indices move to the device)."""
+    return torch.Generator().manual_seed(derive_seed(seed, round_idx, client))
+
+
+@dataclass
+class SimulationState:
+    """Everything a checkpoint holds: the next round to run, the server and client states, the log."""
+
+    next_round: int
+    server: dict[str, Any]
+    clients: dict[int, dict[str, Any]]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    setup_bytes: tuple[int, int] = (0, 0)
+
+
+class Simulation:
+    """Runs an algorithm on a federation.
+
+    Parameters
+    ----------
+    algorithm : the method (already constructed with its hyperparameters).
+    federation : the clients' data, on the run's device.
+    model : the workspace model (already initialised from the seed, on the device).
+    seed : the run's seed.
+    num_rounds : communication rounds.
+    fraction, clients_per_round : client sampling; `clients_per_round` > 0 wins over `fraction`.
+    eval_every : evaluate every this many rounds (and always after the last round).
+    eval_batch_size : batch size for evaluation.
+    augment : an augmentation plug-in (None: none).
+    progress : show a tqdm bar (None: only on a terminal).
+    """
+
+    def __init__(self, algorithm: Algorithm, federation: Federation, model: torch.nn.Module, *, seed: int,
+                 num_rounds: int, fraction: float = 1.0, clients_per_round: int = 0, eval_every: int = 1,
+                 eval_batch_size: int = 1024, augment: Augment | None = None, progress: bool | None = None):
+        self.algorithm, self.federation, self.model = algorithm, federation, model
+        self.seed, self.num_rounds = seed, num_rounds
+        self.fraction, self.clients_per_round = fraction, clients_per_round
+        self.eval_every, self.eval_batch_size = eval_every, eval_batch_size
+        self.augment = augment or Augment()
+        self.progress = progress
+        algorithm.augment = None if type(self.augment) is Augment else self.augment
+
+    # ------------------------------------------------------------------ state
+
+    def initial_state(self) -> SimulationState:
+        """Run the augmentation's set-up exchange and the algorithm's initialisation."""
+        self.federation, up, down = self.augment.setup(self.federation, self.seed)
+        server = self.algorithm.init(self.model, self.federation)
+        clients = {cid: self.algorithm.init_client(cid) for cid in range(self.federation.num_clients)}
+        return SimulationState(1, server, clients, [], (sum(m.nbytes for m in up), sum(m.nbytes for m in down)))
+
+    def resume_state(self, state: SimulationState) -> SimulationState:
+        """Prepare a checkpointed state to continue: redo the (deterministic) set-up, keep the rest."""
+        self.federation, _, _ = self.augment.setup(self.federation, self.seed)
+        self.algorithm.init(self.model, self.federation)
+        return state
+
+    # ------------------------------------------------------------------ the loop
+
+    def sample(self, round_idx: int) -> list[int]:
+        """The clients that take part in a round, from the server's own stream for that round."""
+        k = self.federation.num_clients
+        m = self.clients_per_round or (k if self.fraction >= 1.0 else max(1, round(self.fraction * k)))
+        if m >= k:
+            return list(range(k))
+        picked = torch.randperm(k, generator=client_generator(self.seed, round_idx, SERVER))[:m]
+        return sorted(picked.tolist())
+
+    def run_round(self, state: SimulationState) -> dict[str, Any]:
+        """One communication round; updates `state` in place and returns its log row."""
+        r = state.next_round
+        t0 = time.perf_counter()
+        uploads: list[tuple[int, Message]] = []
+        bytes_up = bytes_down = 0
+        failed = []
+        selected = self.sample(r)
+        for cid in selected:
+            message = self.algorithm.server_message(state.server, cid)
+            bytes_down += message.nbytes
+            rng = client_generator(self.seed, r, cid)
+            torch.manual_seed(derive_seed(self.seed, r, cid))  # for code that uses the global stream
+            try:
+                upload, state.clients[cid] = self.algorithm.local_update(
+                    message, state.clients[cid], self.federation.clients[cid], rng)
+            except NonFiniteLossError as err:
+                raise NonFiniteLossError(f"non-finite training loss at client {cid} in round {r}: {err}") from None
+            except Exception as err:  # a failing client must not sink the federation
+                log.warning("client %d failed in round %d and is left out of the aggregate: %r", cid, r, err)
+                failed.append(cid)
+                continue
+            bytes_up += upload.nbytes
+            uploads.append((cid, upload))
+        uploads.sort(key=lambda pair: pair[0])  # aggregation order never depends on execution order
+        if uploads:
+            state.server = self.algorithm.aggregate(state.server, uploads, r)
+        if r == 1:
+            bytes_up += state.setup_bytes[0]
+            bytes_down += state.setup_bytes[1]
+        losses = [(m.metrics["loss"], m.num_samples) for _, m in uploads if "loss" in m.metrics]
+        row = {
+            "round": r,
+            "clients": len(selected),
+            "failed": len(failed),
+            "train_loss": (sum(l * n for l, n in losses) / max(sum(n for _, n in losses), 1)) if losses else math.nan,
+            "bytes_up": int(bytes_up),
+            "bytes_down": int(bytes_down),
+            "train_seconds": time.perf_counter() - t0,
+        }
+        t1 = time.perf_counter()
+        if r % self.eval_every == 0 or r == self.num_rounds:
+            row.update(self.evaluate(state))
+        else:
+            row.update(global_accuracy=None, global_loss=None, mean_client_accuracy=None)
+        row["eval_seconds"] = time.perf_counter() - t1
+        state.rows.append(row)
+        state.next_round = r + 1
+        return row
+
+    def run(self, state: SimulationState | None = None,
+            on_round_end: Callable[[SimulationState], None] | None = None) -> SimulationState:
+        """Run the remaining rounds; `on_round_end(state)` is called after each (checkpointing)."""
+        state = self.initial_state() if state is None else self.resume_state(state)
+        bar = tqdm(total=self.num_rounds, initial=state.next_round - 1, desc=self.algorithm.name,
+                   unit="round", disable=(None if self.progress is None else not self.progress), leave=False)
+        with bar:
+            while state.next_round <= self.num_rounds:
+                row = self.run_round(state)
+                if row["global_accuracy"] is not None:
+                    bar.set_postfix(acc=f"{row['global_accuracy']:.3f}", loss=f"{row['train_loss']:.3f}")
+                bar.update(1)
+                if on_round_end is not None:
+                    on_round_end(state)
+        return state
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def _score(self, server: dict, client_state: dict | None, cid: int | None,
+               x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
+        """(correct, summed loss, count) of the algorithm's predictions on (x, y)."""
+        correct = loss = 0.0
+        for s in range(0, len(y), self.eval_batch_size):
+            xb, yb = x[s:s + self.eval_batch_size], y[s:s + self.eval_batch_size]
+            logits = self.algorithm.predict(server, client_state, self.augment.eval_input(xb, cid))
+            correct += (logits.argmax(1) == yb).sum().item()
+            loss += F.cross_entropy(logits, yb, reduction="sum").item()
+        return correct, loss, len(y)
+
+    def evaluate(self, state: SimulationState) -> dict[str, Any]:
+        """Global model on the global test set; each client's `predict` on its own test set."""
+        fed = self.federation
+        correct, loss, n = self._score(state.server, None, None, fed.x_test, fed.y_test)
+        per_client = []
+        for cid, data in enumerate(fed.clients):
+            if len(data.y_test):
+                c, _, m = self._score(state.server, state.clients[cid], cid, data.x_test, data.y_test)
+                per_client.append(c / m)
+            else:
+                per_client.append(math.nan)
+        valid = [a for a in per_client if not math.isnan(a)]
+        return {
+            "global_accuracy": correct / n,
+            "global_loss": loss / n,
+            "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
+            "client_accuracy": per_client,
+        }

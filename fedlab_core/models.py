@@ -1,0 +1,277 @@
+"""Classifiers used in the experiments, all split into a feature extractor and a linear head.
+
+Every model exposes:
+    features(x) -> z       (B, feature_dim)
+    head(z)     -> logits  (B, num_classes)
+    forward(x) = head(features(x))
+and an integer attribute `feature_dim`. No model uses dropout, so a run is fully determined by its seed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+# -----------------------------------------------------------------------------
+# helpers
+
+
+def _flat_size(module: nn.Module, in_channels: int, image_size: int) -> int:
+    """Number of features per sample that `module` produces for a (1, C, S, S) input."""
+    was_training = module.training
+    module.eval()  # eval mode so BatchNorm running stats are not touched by the dummy pass
+    with torch.no_grad():
+        out = module(torch.zeros(1, in_channels, image_size, image_size))
+    module.train(was_training)
+    return out[0].numel()
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Total number of parameters (trainable or not)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def state_nbytes(model: nn.Module) -> int:
+    """Bytes of every floating-point state-dict entry (parameters and BN running stats): the size of one model upload."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values() if t.is_floating_point())
+
+
+# -----------------------------------------------------------------------------
+# models
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 (LeCun et al. 1998), the common modern variant with ReLU and max-pooling."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        n_flat = _flat_size(self.conv, in_channels, image_size)  # 16*5*5 = 400 for 28x28
+        self.fc1 = nn.Linear(n_flat, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.feature_dim = 84
+        self.head = nn.Linear(84, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)  # (B, 16, 5, 5) for 28x28
+        x = torch.flatten(x, 1)  # (B, 400)
+        x = F.relu(self.fc1(x))  # (B, 120)
+        x = F.relu(self.fc2(x))  # (B, 84)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+class DigitModel(nn.Module):
+    """The Digits CNN of FedBN (Li et al. 2021), with BatchNorm after every conv and hidden dense layer."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 28):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 64, kernel_size=5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, kernel_size=5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, kernel_size=5, padding=2), nn.BatchNorm2d(128), nn.ReLU(),
+        )
+        n_flat = _flat_size(self.conv, in_channels, image_size)  # 128*7*7 = 6272 for 28x28
+        self.fc = nn.Sequential(
+            nn.Linear(n_flat, 2048), nn.BatchNorm1d(2048), nn.ReLU(),
+            nn.Linear(2048, 512), nn.BatchNorm1d(512), nn.ReLU(),
+        )
+        self.feature_dim = 512
+        self.head = nn.Linear(512, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)  # (B, 128, 7, 7) for 28x28
+        x = torch.flatten(x, 1)  # (B, 6272)
+        x = self.fc(x)  # (B, 512)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+class OTCNN(nn.Module):
+    """The CNN of the OT-preprocessing federated-learning paper (Manella et al.)."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 64, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        n_flat = _flat_size(self.conv, in_channels, image_size)  # 128*5*5 = 3200 for 32x32
+        self.fc1 = nn.Linear(n_flat, 256)
+        self.fc2 = nn.Linear(256, 128)
+        self.feature_dim = 128
+        self.head = nn.Linear(128, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)  # (B, 128, 5, 5) for 32x32
+        x = torch.flatten(x, 1)  # (B, 3200)
+        x = F.relu(self.fc1(x))  # (B, 256)
+        x = F.relu(self.fc2(x))  # (B, 128)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+def _alexnet_final_size(image_size: int) -> int:
+    """Spatial size after AlexNet's conv/pool stack (0 or less means the stack collapses)."""
+    s = (image_size + 2 * 2 - 11) // 4 + 1  # conv 11, stride 4, pad 2
+    for _ in range(3):  # three max-pools 3/2; the convs in between keep the size
+        if s < 3:
+            return 0
+        s = (s - 3) // 2 + 1
+    return s
+
+
+class AlexNetBN(nn.Module):
+    """AlexNet with BatchNorm, as used by FedBN (Li et al. 2021) for Office-Caltech / DomainNet."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 256):
+        super().__init__()
+        if _alexnet_final_size(image_size) < 1:
+            min_size = next(s for s in range(1, 1024) if _alexnet_final_size(s) >= 1)
+            raise ValueError(
+                f"AlexNetBN needs image_size >= {min_size} (got {image_size}): "
+                f"smaller inputs collapse below 1 pixel in the conv stack"
+            )
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 64, kernel_size=11, stride=4, padding=2), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(64, 192, kernel_size=5, padding=2), nn.BatchNorm2d(192), nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(192, 384, kernel_size=3, padding=1), nn.BatchNorm2d(384), nn.ReLU(),
+            nn.Conv2d(384, 256, kernel_size=3, padding=1), nn.BatchNorm2d(256), nn.ReLU(),
+            nn.Conv2d(256, 256, kernel_size=3, padding=1), nn.BatchNorm2d(256), nn.ReLU(),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
+        self.fc = nn.Sequential(
+            nn.Linear(256 * 6 * 6, 4096), nn.BatchNorm1d(4096), nn.ReLU(),
+            nn.Linear(4096, 4096), nn.BatchNorm1d(4096), nn.ReLU(),
+        )
+        self.feature_dim = 4096
+        self.head = nn.Linear(4096, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)  # (B, 256, 6, 6) for 256x256, (B, 256, 1, 1) for 64x64
+        x = self.avgpool(x)  # (B, 256, 6, 6)
+        x = torch.flatten(x, 1)  # (B, 9216)
+        x = self.fc(x)  # (B, 4096)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 (He et al. 2016) from torchvision, optionally loading pretrained weights from a local file."""
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        image_size: int = 224,  # unused: global average pooling handles any size
+        weights_path: str | Path | None = None,
+    ):
+        super().__init__()
+        net = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+        if in_channels != 3:
+            net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+        if weights_path is not None:
+            _load_resnet18_weights(net, Path(weights_path), in_channels)
+        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
+        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
+        self.avgpool = net.avgpool
+        self.feature_dim = net.fc.in_features  # 512
+        self.head = net.fc
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (B, 64, 56, 56) for 224x224
+        x = self.layer1(x)  # (B, 64, 56, 56)
+        x = self.layer2(x)  # (B, 128, 28, 28)
+        x = self.layer3(x)  # (B, 256, 14, 14)
+        x = self.layer4(x)  # (B, 512, 7, 7)
+        x = self.avgpool(x)  # (B, 512, 1, 1)
+        x = torch.flatten(x, 1)  # (B, 512)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+def _load_resnet18_weights(net: nn.Module, path: Path, in_channels: int) -> None:
+    """Load a torchvision-format ResNet-18 state dict from `path` into `net`, skipping mismatched fc / conv1."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"ResNet-18 weights not found at {path.resolve()}. Weights are never downloaded; "
+            f"on a machine with internet run "
+            f"`torch.save(torchvision.models.resnet18(weights=\"IMAGENET1K_V1\").state_dict(), \"{path.name}\")` "
+            f"and copy the file to that path."
+        )
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    own = net.state_dict()
+    skip = set()
+    for key in ("fc.weight", "fc.bias"):
+        if key in state and state[key].shape != own[key].shape:
+            skip.add(key)
+    if in_channels != 3:
+        skip.add("conv1.weight")
+    result = net.load_state_dict({k: v for k, v in state.items() if k not in skip}, strict=False)
+    missing = set(result.missing_keys) - skip
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{path} is not a torchvision ResNet-18 state dict: "
+            f"missing {sorted(missing)}, unexpected {sorted(result.unexpected_keys)}"
+        )
+
+
+class MLP(nn.Module):
+    """A one-hidden-layer perceptron, for fast tests."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28, hidden: int = 64):
+        super().__init__()
+        self.fc = nn.Linear(in_channels * image_size * image_size, hidden)
+        self.feature_dim = hidden
+        self.head = nn.Linear(hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.flatten(x, 1)  # (B, C*H*W)
+        x = F.relu(self.fc(x))  # (B, hidden)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+# -----------------------------------------------------------------------------
+# registry
+
+MODELS = {
+    "lenet5": LeNet5,
+    "digit": DigitModel,
+    "ot_cnn": OTCNN,
+    "alexnet_bn": AlexNetBN,
+    "resnet18": ResNet18,
+    "mlp": MLP,
+}
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, **kwargs) -> nn.Module:
+    """Build the model registered as `name` for inputs of shape (C, H, W); extra kwargs go to its constructor."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; allowed: {sorted(MODELS)}")
+    in_channels, height, width = input_shape
+    if height != width:
+        raise ValueError(f"models expect square images, got input_shape {tuple(input_shape)}")
+    return MODELS[name](in_channels=in_channels, num_classes=num_classes, image_size=height, **kwargs)

@@ -1,0 +1,209 @@
+"""Runs: validation, determinism, the cache, resume after a kill, the CLI and sweeps."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fedlab_core import RunConfig, run, sweep
+from fedlab_core import runs as runs_module
+from fedlab_core.data import DATASETS, load_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _numbers(history):
+    """Every logged number except wall-clock seconds."""
+    return [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in history.rounds]
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"algorithm": "fedsgd2"}, "algorithm"),
+    ({"dataset": "imagenet"}, "dataset"),
+    ({"partition": "zipf"}, "partition"),
+    ({"partition": "dirichlet", "alpha": 0.0}, "alpha"),
+    ({"partition": "dirichlet", "alpha": -0.5}, "alpha"),
+    ({"partition": "distrans", "dh": 1.5}, "dh"),
+    ({"partition": "distrans", "dh": -0.1}, "dh"),
+    ({"partition": "distrans", "dh": 0.85}, "dh"),
+    ({"partition": "distrans"}, "dh"),
+    ({"num_clients": 60_001}, "num_clients"),
+    ({"num_clients": 0}, "num_clients"),
+    ({"num_clients": 200, "max_train_samples": 100}, "num_clients"),
+    ({"num_rounds": 0}, "num_rounds"),
+    ({"fraction": 0.0}, "fraction"),
+    ({"fraction": 1.5}, "fraction"),
+    ({"lr": -0.1}, "lr"),
+    ({"lr": 0.0}, "lr"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"local_epochs": 0}, "local_epochs"),
+    ({"optimizer": "lbfgs"}, "optimizer"),
+    ({"model": "vgg99"}, "model"),
+    ({"augment": "cutmix9"}, "augment"),
+    ({"algorithm_params": {"mu": 0.1}}, "algorithm_params"),
+    ({"clients_per_round": 11}, "clients_per_round"),
+    ({"partition": "domain"}, "partition"),
+    ({"partition": "pathological", "classes_per_client": 11}, "classes_per_client"),
+])
+def test_bad_config_raises_value_error_naming_the_field(changes, field, tmp_path):
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        RunConfig(**changes)
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_identical_runs_are_bit_identical(tiny):
+    a = run(tiny, use_cache=False, progress=False)
+    b = run(tiny, use_cache=False, progress=False)
+    assert _numbers(a) == _numbers(b) and a.final == b.final
+    c = run(tiny.replace(seed=1), use_cache=False, progress=False)
+    assert _numbers(c) != _numbers(a)
+
+
+def test_cache_returns_the_stored_result_without_rerunning(tiny, tmp_path, monkeypatch):
+    first = run(tiny, cache_dir=tmp_path, progress=False)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 1 and files[0].endswith(".json")  # no checkpoint or temp file left behind
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("a cached run was re-run"))
+    again = run(tiny, cache_dir=tmp_path, progress=False)
+    assert again == first
+
+
+def test_cache_key_changes_with_config_and_code(tiny, monkeypatch):
+    import torch
+    cpu = torch.device("cpu")
+    key = runs_module.cache_key(tiny, cpu)
+    assert key == runs_module.cache_key(RunConfig(**tiny.to_dict()), cpu)
+    assert key != runs_module.cache_key(tiny.replace(lr=0.2), cpu)
+    monkeypatch.setattr(runs_module, "code_version", lambda: "other")
+    assert key != runs_module.cache_key(tiny, cpu)
+
+
+def test_history_frame_and_json_round_trip(tiny):
+    h = run(tiny, use_cache=False, progress=False)
+    df = h.frame()
+    assert list(df["round"]) == [1, 2, 3]
+    assert {"global_accuracy", "bytes_up", "bytes_down", "train_loss", "seed"} <= set(df.columns)
+    assert runs_module.History.from_json(h.to_json()) == h
+    assert h.meta["dh"] == 0.0 and len(h.final["client_accuracy"]) == 4
+
+
+KILLED_RUN = textwrap.dedent("""
+    import sys, time
+    import torch
+    torch.set_num_threads(1)             # the same thread count as the test process: same float sums
+    from fedlab_core import RunConfig, run
+    from fedlab_core.engine import Simulation
+    slow = Simulation.run_round
+    def run_round(self, state):          # slow rounds down so the parent can kill mid-run
+        row = slow(self, state)
+        time.sleep(0.4)
+        return row
+    Simulation.run_round = run_round
+    config = RunConfig(dataset="digits", model="mlp", num_clients=4, num_rounds=8, lr=0.1, seed=5,
+                       partition="dirichlet", alpha=0.5, min_size=5)
+    run(config, cache_dir=sys.argv[1], checkpoint_every=1, progress=False)
+""")
+
+
+def test_run_killed_with_sigkill_resumes_to_identical_metrics(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_RUN)
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, str(script), str(cache)], cwd=ROOT)
+    deadline = time.time() + 120
+    while not list(cache.glob("*.ckpt")):
+        assert proc.poll() is None, "the run ended before it wrote a checkpoint"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # let it get a round or two further
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not list(cache.glob("*.json")), "the run finished before it was killed"
+    config = RunConfig(dataset="digits", model="mlp", num_clients=4, num_rounds=8, lr=0.1, seed=5,
+                       partition="dirichlet", alpha=0.5, min_size=5)
+    resumed = run(config, cache_dir=cache, checkpoint_every=1, progress=False)
+    assert 1 <= resumed.meta["resumed_from_round"] < 8
+    uninterrupted = run(config, use_cache=False, progress=False)
+    assert _numbers(resumed) == _numbers(uninterrupted)
+    assert resumed.final == uninterrupted.final
+
+
+def test_dataset_registry_sizes_match_the_real_files():
+    for name in ("digits", "fashion_mnist"):
+        data = load_dataset(name)
+        assert len(data.y_train) == DATASETS[name].num_train
+        assert data.num_classes == DATASETS[name].num_classes
+
+
+def test_stratified_subsample_keeps_class_balance():
+    data = load_dataset("digits", max_train=500, max_test=100, seed=0)
+    assert len(data.y_train) == 500 and len(data.y_test) == 100
+    counts = data.y_train.bincount()
+    assert counts.max() - counts.min() <= 3
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "fedlab_core", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_cli_run_json_prints_exactly_one_json_object(tmp_path):
+    out = _cli("run", "--algorithm", "fedavg", "--dataset", "digits", "--partition", "dirichlet", "--alpha", "0.5",
+               "--num-clients", "3", "--rounds", "2", "--seed", "0", "--lr", "0.1", "--json",
+               env={"FEDLAB_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"config", "final", "rounds"}
+    assert set(doc["final"]) == {"global_accuracy", "mean_client_accuracy"}
+    assert [r["round"] for r in doc["rounds"]] == [1, 2]
+    assert all(set(r) == {"round", "global_accuracy", "bytes_up", "bytes_down"} for r in doc["rounds"])
+    assert all(isinstance(r["bytes_up"], int) and r["bytes_up"] > 0 for r in doc["rounds"])
+    assert doc["config"]["partition"] == "dirichlet" and 0.0 <= doc["final"]["global_accuracy"] <= 1.0
+
+
+def test_cli_partition_json():
+    out = _cli("partition", "--dataset", "digits", "--scheme", "distrans", "--dh", "0.8", "--num-clients", "10",
+               "--seed", "0", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["dh"] == pytest.approx(0.8)
+    assert len(doc["class_counts"]) == 10 and all(sum(1 for v in row if v) == 2 for row in doc["class_counts"])
+
+
+def test_cli_bad_input_exits_2_names_the_field_and_touches_nothing(tmp_path):
+    out = _cli("run", "--dataset", "digits", "--partition", "dirichlet", "--alpha", "-1", "--num-clients", "3",
+               "--rounds", "2", "--seed", "0", "--json", env={"FEDLAB_CACHE_DIR": str(tmp_path / "c")})
+    assert out.returncode == 2 and out.stdout == ""
+    assert "alpha" in out.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_sweep_local_matches_sequential_runs(tiny, tmp_path):
+    configs = [tiny.replace(seed=s, num_rounds=2) for s in (0, 1)]
+    parallel = sweep(configs, backend="local", max_workers=2, cache_dir=tmp_path)
+    for config, h in zip(configs, parallel):
+        assert h.config == config.to_dict()
+        assert _numbers(h) == _numbers(run(config, use_cache=False, progress=False))
+
+
+def test_sweep_on_a_local_ray_instance(tiny, tmp_path):
+    ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install -e '.[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"working_dir": None})
+    try:
+        configs = [tiny.replace(seed=s, num_rounds=2) for s in (0, 1)]
+        results = sweep(configs, backend="ray", cache_dir=tmp_path)
+        assert [h.config["seed"] for h in results] == [0, 1]
+        assert _numbers(results[0]) == _numbers(run(configs[0], use_cache=False, progress=False))
+    finally:
+        ray.shutdown()
+
+
+def test_sweep_rejects_unknown_backend(tiny):
+    with pytest.raises(ValueError, match="backend"):
+        sweep([tiny], backend="dask")

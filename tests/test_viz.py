@@ -1,0 +1,132 @@
+"""Tests for the book's plotting helpers (headless, Agg backend)."""
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot draws anything; tests only
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from fedlab_core import viz  # noqa: E402
+from fedlab_core.data.base import Dataset  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _ds(channels=3, domains=("a", "b", "c")):
+    g = torch.Generator().manual_seed(0)
+    n = 60
+    ds = Dataset(torch.rand(n, channels, 12, 10, generator=g), torch.randint(0, 4, (n,), generator=g),
+                 torch.rand(8, channels, 12, 10), torch.zeros(8, dtype=torch.int64), 4, "toy")
+    if domains:
+        ds.domains = list(domains)
+        ds.domain_train = torch.arange(n) % len(domains)
+    return ds
+
+
+def _counts(clients=10, classes=5, seed=0):
+    return np.random.default_rng(seed).integers(0, 50, size=(clients, classes))
+
+
+def _frame(seeds=(0,), rounds=5, nan_every=0):
+    rows = []
+    for s in seeds:
+        for r in range(rounds):
+            acc = np.nan if nan_every and r % nan_every == 1 else 0.1 * r + 0.01 * s
+            rows.append({"round": r, "seed": s, "global_accuracy": acc, "bytes_up": 1e6 * (r + 1), "bytes_down": 2e6})
+    return pd.DataFrame(rows)
+
+
+def test_domain_grid_rows_labelled():
+    fig = viz.domain_grid(_ds(), per_domain=4)
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    ax = fig.axes[0]
+    assert len(ax.images) == 1
+    assert ax.images[0].get_array().shape == (3 * 12 + 2 * 2, 4 * 10 + 3 * 2, 3)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+
+
+def test_domain_grid_without_domains_and_grey():
+    fig = viz.domain_grid(_ds(channels=1, domains=None), per_domain=5)
+    ax = fig.axes[0]
+    assert ax.images[0].get_array().shape == (12, 5 * 10 + 4 * 2)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["toy"]
+
+
+@pytest.mark.parametrize("normalize", ["class", "client", None])
+def test_partition_heatmap_values(normalize):
+    counts = _counts()
+    counts[3] = 0  # an empty client
+    fig = viz.partition_heatmap(counts, title="t", normalize=normalize)
+    assert isinstance(fig, Figure) and len(fig.axes) == 2  # heatmap + colourbar
+    expected = viz.normalize_counts(counts, normalize)
+    assert expected.shape == (5, 10)
+    np.testing.assert_allclose(np.asarray(fig.axes[0].images[0].get_array()), expected)
+    if normalize == "class":
+        np.testing.assert_allclose(expected.sum(1), 1.0)
+        np.testing.assert_allclose(expected, (counts / counts.sum(0)).T)
+    elif normalize == "client":
+        np.testing.assert_allclose(expected[:, 3], 0.0)
+        np.testing.assert_allclose(np.delete(expected.sum(0), 3), 1.0)
+    else:
+        np.testing.assert_allclose(expected, counts.T)
+    assert fig.axes[0].get_title() == "t"
+
+
+def test_partition_heatmap_many_clients_thins_ticks():
+    fig = viz.partition_heatmap(_counts(clients=100, classes=10))
+    fig.canvas.draw()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert 0 < len(labels) <= 20
+    with pytest.raises(ValueError):
+        viz.normalize_counts(_counts(), "rows")
+
+
+def test_partition_heatmap_into_given_ax():
+    fig, axes = plt.subplots(1, 2)
+    out = viz.partition_heatmap(_counts(), ax=axes[1])
+    assert out is fig and len(axes[1].images) == 1 and len(axes[0].images) == 0
+
+
+def test_accuracy_curves_lines_and_band():
+    frames = {"fedavg": _frame(seeds=(0, 1, 2)), "local": _frame(nan_every=2), "noseed": _frame().drop(columns="seed")}
+    fig = viz.accuracy_curves(frames, title="acc")
+    ax = fig.axes[0]
+    assert [l.get_label() for l in ax.get_lines()] == ["fedavg", "local", "noseed"]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 1  # only the multi-seed frame gets a min-max band
+    x, y = ax.get_lines()[0].get_data()
+    np.testing.assert_allclose(y, 0.1 * np.arange(5) + 0.01)  # mean over seeds 0, 1, 2
+    x_local, _ = ax.get_lines()[1].get_data()
+    assert list(x_local) == [0, 2, 4]  # NaN rounds skipped
+    assert ax.get_title() == "acc"
+
+
+def test_accuracy_curves_missing_metric():
+    with pytest.raises(ValueError):
+        viz.accuracy_curves({"a": _frame()}, metric="nope")
+
+
+def test_bytes_per_round_mb():
+    fig = viz.bytes_per_round({"a": _frame(), "b": _frame(seeds=(0, 1))})
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2
+    np.testing.assert_allclose(lines[0].get_ydata(), np.arange(1, 6) + 2.0)
+
+
+def test_client_size_histogram():
+    counts = _counts(clients=30)
+    fig = viz.client_size_histogram(counts)
+    ax = fig.axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    assert sum(heights) == 30
+    fig2 = viz.client_size_histogram(counts.sum(1))
+    assert [p.get_height() for p in fig2.axes[0].patches] == heights
