@@ -1,0 +1,85 @@
+"""The in-memory dataset record every loader returns, and the one error a missing dataset raises."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class Dataset:
+    """A labelled image dataset held as tensors.
+
+    Attributes
+    ----------
+    x_train, x_test : float32 tensors of shape (N, C, H, W), values in [0, 1].
+    y_train, y_test : int64 tensors of shape (N,), class ids in [0, num_classes).
+    num_classes : number of classes.
+    name : registry name of the dataset.
+    classes : human-readable class names, when known.
+    domains : domain names for multi-domain datasets (one domain per client), else None.
+    domain_train, domain_test : int64 tensors (N,) giving each sample's domain id, or None.
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    name: str
+    classes: Sequence[str] | None = None
+    domains: Sequence[str] | None = None
+    domain_train: torch.Tensor | None = None
+    domain_test: torch.Tensor | None = None
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            if x.dtype != torch.float32 or x.dim() != 4:
+                raise TypeError(f"x_{split} must be a float32 (N, C, H, W) tensor, got {x.dtype} {tuple(x.shape)}")
+            if y.dtype != torch.int64 or y.shape != (x.shape[0],):
+                raise TypeError(f"y_{split} must be an int64 tensor of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}")
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        dom = f", domains={list(self.domains)}" if self.domains else ""
+        return (f"Dataset({self.name!r}, train={len(self.y_train)}, test={len(self.y_test)}, "
+                f"shape={self.input_shape}, classes={self.num_classes}{dom})")
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """Raised when a dataset's files are not on disk; the message says what, where and how to get it."""
+
+    def __init__(self, name: str, looked_in: Sequence[Path | str], how_to_get: str):
+        places = "\n".join(f"  - {p}" for p in looked_in)
+        super().__init__(
+            f"Dataset {name!r} was not found. Looked for its files in:\n{places}\n"
+            f"How to get it: {how_to_get}"
+        )
+        self.name = name
+        self.looked_in = [str(p) for p in looked_in]
+
+
+def data_root(root: str | Path | None = None) -> Path:
+    """The folder datasets are looked for in.
+
+    `root` if given; else the environment variable ``FEDLAB_DATA_DIR``; else the ``data/`` folder of the
+    source checkout this package runs from; else ``~/.cache/fedlab_core/data``.
+    """
+    import os
+
+    if root is not None:
+        return Path(root).expanduser()
+    if os.environ.get("FEDLAB_DATA_DIR"):
+        return Path(os.environ["FEDLAB_DATA_DIR"]).expanduser()
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists() and (checkout / "fedlab_core").is_dir():
+        return checkout / "data"
+    return Path.home() / ".cache" / "fedlab_core" / "data"

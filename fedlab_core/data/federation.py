@@ -1,0 +1,122 @@
+"""A dataset split across clients, held as tensors: what the engine trains on."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import partition as P
+from .base import Dataset
+
+
+@dataclass
+class ClientData:
+    """Client `cid`'s training and test tensors (x: (n, C, H, W) float32, y: (n,) int64)."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    cid: int = 0
+    domain: str | None = None
+
+    @property
+    def num_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+    def to(self, device: torch.device | str) -> "ClientData":
+        return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+                       x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+
+
+@dataclass
+class Federation:
+    """Per-client train/test tensors, the whole (global) test set and the split's metadata.
+
+    Attributes
+    ----------
+    clients : one :class:`ClientData` per client.
+    x_test, y_test : the global test set, never split (the union of the per-client test sets).
+    num_classes, input_shape : of the dataset; input_shape is (C, H, W).
+    class_counts : (clients, classes) numpy array of training samples per class per client.
+    scheme : the partition scheme that made it.
+    domains : domain names when the dataset has domains.
+    """
+
+    clients: list[ClientData]
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, int, int]
+    class_counts: np.ndarray
+    scheme: str
+    dataset: str
+    domains: Sequence[str] | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    @property
+    def dh(self) -> float:
+        """Distributional heterogeneity (DisTrans Eq. 3-4) of the training split."""
+        return P.dh_of(self.class_counts, self.num_classes)
+
+    @property
+    def class_fractions(self) -> np.ndarray:
+        """(clients, classes): entry (i, c) is the fraction of class c's training data held by client i."""
+        totals = self.class_counts.sum(axis=0, keepdims=True)
+        return self.class_counts / np.maximum(totals, 1)
+
+    def to(self, device: torch.device | str) -> "Federation":
+        return replace(self, clients=[c.to(device) for c in self.clients],
+                       x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+
+    def __repr__(self) -> str:
+        sizes = [c.num_train for c in self.clients]
+        return (f"Federation({self.dataset!r}, scheme={self.scheme!r}, clients={self.num_clients}, "
+                f"train sizes {min(sizes)}..{max(sizes)}, DH={self.dh:.2f})")
+
+
+def federate(data: Dataset, scheme: str, num_clients: int, seed: int, **options) -> Federation:
+    """Split `data` across `num_clients` clients with a scheme of :data:`partition.PARTITIONS`.
+
+    Parameters
+    ----------
+    data : the dataset (tensors).
+    scheme : "iid", "dirichlet", "pathological", "distrans", "one_class", "quantity" or "domain".
+    num_clients : number of clients.
+    seed : the split is a pure function of the seed.
+    options : the scheme's own parameters (alpha, min_size, dh, classes_per_client, beta).
+    """
+    if scheme not in P.PARTITIONS:
+        raise ValueError(f"partition must be one of {sorted(P.PARTITIONS)}, got {scheme!r}")
+    y_train, y_test = data.y_train.numpy(), data.y_test.numpy()
+    groups_train = groups_test = None
+    if scheme == "domain":
+        if data.domain_train is None:
+            raise ValueError(f"partition 'domain' needs a dataset with domains; {data.name!r} has none")
+        groups_train, groups_test = data.domain_train.numpy(), data.domain_test.numpy()
+        train_parts = P.domain(groups_train, num_clients, seed)
+    else:
+        train_parts = P.PARTITIONS[scheme](y_train, num_clients, seed, **options)
+    if scheme == "one_class":
+        test_parts = P.one_class_test(train_parts, y_train, y_test, seed)
+    else:
+        test_parts = P.split_test(train_parts, y_train, y_test, seed, groups_train, groups_test)
+    names = list(data.domains) if data.domains else None
+
+    def client(i: int) -> ClientData:
+        tr, te = torch.as_tensor(train_parts[i]), torch.as_tensor(test_parts[i])
+        dom = names[int(groups_train[train_parts[i][0]])] if names and len(train_parts[i]) else None
+        return ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te], i, dom)
+
+    return Federation(
+        clients=[client(i) for i in range(num_clients)],
+        x_test=data.x_test, y_test=data.y_test,
+        num_classes=data.num_classes, input_shape=data.input_shape,
+        class_counts=P.class_counts(train_parts, y_train, data.num_classes),
+        scheme=scheme, dataset=data.name, domains=names,
+    )
