@@ -112,11 +112,23 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(_finite(out)))
-    else:
-        print(json.dumps(_finite(out), indent=1))
+    print(json.dumps(_finite(out)) if args.json else _human(args.command, out))
     return 0
+
+
+def _human(command: str, out: dict) -> str:
+    """A short readable summary for people at a terminal."""
+    if command == "partition":
+        rows = [f"client {i:>3}: " + " ".join(f"{v:>5}" for v in row) for i, row in enumerate(out["class_counts"])]
+        return "samples per class\n" + "\n".join(rows) + f"\nDH = {out['dh']:.3f}"
+    lines = [f"{'round':>5} {'global acc':>10} {'MB up':>8} {'MB down':>8}"]
+    for r in out["rounds"]:
+        acc = "-" if r["global_accuracy"] is None else f"{r['global_accuracy']:.4f}"
+        lines.append(f"{r['round']:>5} {acc:>10} {r['bytes_up'] / 1e6:>8.2f} {r['bytes_down'] / 1e6:>8.2f}")
+    final = out["final"]
+    lines.append(f"final global accuracy {final['global_accuracy']:.4f}, "
+                 f"mean client accuracy {final['mean_client_accuracy']:.4f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -91,9 +91,13 @@ class FlatState:
 
 
 def weighted_mean(vectors: list[torch.Tensor], weights: Iterable[float]) -> torch.Tensor:
-    """sum_k w_k v_k / sum_k w_k for equally shaped tensors."""
-    weights = torch.as_tensor(list(weights), dtype=vectors[0].dtype, device=vectors[0].device)
-    return torch.einsum("k,k...->...", weights / weights.sum(), torch.stack(vectors))
+    """sum_k w_k v_k / sum_k w_k for equally shaped tensors (accumulated in place: no stacked copy)."""
+    weights = [float(w) for w in weights]
+    total = sum(weights)
+    out = torch.zeros_like(vectors[0])
+    for w, v in zip(weights, vectors):
+        out.add_(v, alpha=w / total)
+    return out
 
 
 class Algorithm:
