@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Dataset
+from .partition import _apportion
 
 __all__ = [
     "DEFAULT_DOMAINS",
@@ -176,14 +177,9 @@ def stratified_shards(y: torch.Tensor, num_shards: int, rng: np.random.Generator
 
 def _proportional_quota(avail: np.ndarray, cap: int) -> np.ndarray:
     """Largest-remainder allocation of ``cap`` samples proportionally to ``avail`` (never above it)."""
-    total = int(avail.sum())
-    if cap >= total:
+    if cap >= int(avail.sum()):
         return avail
-    exact = cap * avail / max(total, 1)
-    quota = np.floor(exact).astype(np.int64)
-    order = np.argsort(-(exact - quota), kind="stable")
-    quota[order[: cap - int(quota.sum())]] += 1
-    return np.minimum(quota, avail)
+    return np.minimum(_apportion(cap, avail), avail)
 
 
 def _build_split(x: torch.Tensor, y: torch.Tensor, names: Sequence[str], rng: np.random.Generator,
