@@ -85,6 +85,7 @@ class Simulation:
 
     def initial_state(self) -> SimulationState:
         """Run the augmentation's set-up exchange and the algorithm's initialisation."""
+        self.model = self.augment.prepare_model(self.model)
         self.federation, up, down = self.augment.setup(self.federation, self.seed)
         server = self.algorithm.init(self.model, self.federation)
         clients = {cid: self.algorithm.init_client(cid) for cid in range(self.federation.num_clients)}
@@ -92,6 +93,7 @@ class Simulation:
 
     def resume_state(self, state: SimulationState) -> SimulationState:
         """Prepare a checkpointed state to continue: redo the (deterministic) set-up, keep the rest."""
+        self.model = self.augment.prepare_model(self.model)
         self.federation, _, _ = self.augment.setup(self.federation, self.seed)
         self.algorithm.init(self.model, self.federation)
         return state

@@ -190,3 +190,26 @@ def test_fedavg_learns_digits(tiny):
     state = sim.run()
     assert state.rows[-1]["global_accuracy"] > 0.85
     assert state.rows[-1]["mean_client_accuracy"] > 0.85
+
+
+class LocalBN(FedAvg):
+    """The protocol's declared local state (as FedBN uses it): batch-norm entries never leave a client."""
+
+    local_patterns = ("bn.*",)
+
+
+def test_declared_local_entries_stay_on_the_client_and_are_used_by_predict():
+    fed = _federation(3, scheme="dirichlet", alpha=0.3, min_size=20)
+    torch.manual_seed(0)
+    sim = Simulation(LocalBN(Training(lr=0.1)), fed, TinyBN(), seed=0, num_rounds=2, progress=False)
+    state = sim.run()
+    algo = sim.algorithm
+    assert not any(name.startswith("bn.") for name in algo.shared.names)
+    assert algo.local.names == ["bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"]
+    assert state.rows[0]["bytes_down"] == 3 * 4 * algo.shared.size   # BN entries are not sent
+    locals_ = [state.clients[c]["local"] for c in range(3)]
+    assert not torch.equal(locals_[0], locals_[1])                    # each client kept its own
+    x = fed.clients[0].x_test[:16]
+    own = algo.predict(state.server, state.clients[0], x)
+    other = algo.predict(state.server, state.clients[1], x)
+    assert not torch.allclose(own, other)                             # predict used the client's BN

@@ -1,6 +1,6 @@
 """The augmentation protocol: data-level plug-ins that compose with any algorithm.
 
-An augmentation may (1) run a set-up exchange before training (FedRDN's statistics, OT alignment's
+An augmentation may (0) change the model before training (AdvProp's auxiliary batch norm); (1) run a set-up exchange before training (FedRDN's statistics, OT alignment's
 barycenters), returning the messages it sent so the engine counts their bytes, and may transform the
 federation's data; (2) transform each training mini-batch (mixup, AdvProp, FedRDN); (3) transform
 evaluation inputs per client (FedRDN's own statistics, OT's per-client projection). The base class
@@ -19,6 +19,10 @@ class Augment:
     """No augmentation; the hooks others override."""
 
     name = "none"
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Before the algorithm sees the model: return it, or a wrapper around it."""
+        return model
 
     def setup(self, federation: Federation, seed: int) -> tuple[Federation, list[Message], list[Message]]:
         """Before round 1: return (federation to train on, messages sent up, messages sent down)."""
