@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the plain bar: no widget dependency, silent when not on a terminal
 
 from .algorithms.base import Algorithm, Message, NonFiniteLossError
 from .augment.base import Augment

@@ -323,6 +323,32 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     return history
 
 
+def group_frames(groups: Mapping[str, list[History]]) -> dict[str, pd.DataFrame]:
+    """``{label: one frame of every seed's rounds}``, the form the plotting helpers take."""
+    return {label: pd.concat([h.frame() for h in runs], ignore_index=True) for label, runs in groups.items()}
+
+
+def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
+    """Final metrics per label over its seeds: mean, std (population), min and max, and the seed count.
+
+    Columns: ``global_accuracy`` (mean/std/min/max), ``mean_client_accuracy`` (mean/std),
+    ``worst_client_accuracy`` (mean of each run's lowest client accuracy), ``dh``, ``seeds``.
+    """
+    import numpy as np
+
+    rows = {}
+    for label, runs in groups.items():
+        acc = np.array([h.final["global_accuracy"] for h in runs], dtype=float)
+        client = np.array([h.final["mean_client_accuracy"] for h in runs], dtype=float)
+        worst = [np.nanmin(np.array(h.final["client_accuracy"], dtype=float)) for h in runs]
+        rows[label] = {"global_accuracy": acc.mean(), "global_accuracy_std": acc.std(),
+                       "global_accuracy_min": acc.min(), "global_accuracy_max": acc.max(),
+                       "mean_client_accuracy": client.mean(), "mean_client_accuracy_std": client.std(),
+                       "worst_client_accuracy": float(np.mean(worst)), "dh": runs[0].meta["dh"],
+                       "seeds": len(runs)}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 # ---------------------------------------------------------------------------------------- sweeps
 
 def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:

@@ -18,6 +18,7 @@ from .data.base import Dataset
 __all__ = [
     "domain_grid",
     "partition_heatmap",
+    "partition_heatmaps",
     "normalize_counts",
     "accuracy_curves",
     "bytes_per_round",
@@ -108,6 +109,18 @@ def partition_heatmap(class_counts: np.ndarray, title: str | None = None, normal
     ax.set_ylabel("class")
     if title:
         ax.set_title(title)
+    return fig
+
+
+def partition_heatmaps(panels: Mapping[str, np.ndarray], ncols: int = 5, normalize: str | None = "class"):
+    """Several :func:`partition_heatmap` panels side by side: ``{title: (clients, classes) counts}``."""
+    nrows = -(-len(panels) // ncols)
+    ncols = min(ncols, len(panels))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.9 * nrows), layout="constrained", squeeze=False)
+    for ax, (title, counts) in zip(axes.flat, panels.items()):
+        partition_heatmap(counts, title=title, normalize=normalize, ax=ax)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
     return fig
 
 

@@ -1,0 +1,200 @@
+"""The book pipeline: profiles, notebook execution with papermill, glue read-back, the HTML build.
+
+``python -m fedlab_core.book --profile book`` executes every notebook named in ``book/_toc.yml`` from
+``notebooks/`` into ``book/chapters/`` with that profile's parameters (``book/profiles.yml``), writes
+the execution-status page and builds the HTML with Jupyter Book (v1), failing on any warning.
+
+A notebook is executed again only when its source, its parameters or the library's code changed
+(a stamp in the executed notebook's metadata records the three); finished federated runs come from
+the run cache either way.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import yaml
+
+from .runs import code_version
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_NAMES = ("smoke", "book", "paper")
+
+
+def load_profiles(path: Path = ROOT / "book" / "profiles.yml") -> dict[str, dict[str, dict[str, Any]]]:
+    """``{notebook stem: {profile: {PARAMETER: value}}}`` from the one place profiles are kept.
+
+    The ``book`` entry is complete; ``smoke`` and ``paper`` list only what they change.
+    """
+    return yaml.safe_load(path.read_text())
+
+
+def profile_parameters(profiles: dict, stem: str, profile: str) -> dict[str, Any]:
+    """A notebook's full parameter set for a profile: the book values overridden by the profile's."""
+    if stem not in profiles:
+        raise ValueError(f"book/profiles.yml has no entry for notebook {stem!r}")
+    return {**profiles[stem]["book"], **(profiles[stem].get(profile) or {})}
+
+
+def parameters_cell(notebook: Path) -> dict[str, Any]:
+    """The UPPER_CASE literals assigned in a notebook's first code cell, which must be tagged `parameters`."""
+    nb = nbformat.read(notebook, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code")
+    if "parameters" not in cell.metadata.get("tags", []):
+        raise ValueError(f"{notebook.name}: the first code cell must be tagged 'parameters'")
+    values = {}
+    for node in ast.parse(cell.source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"{notebook.name}: the parameters cell may only assign literals to names")
+        name = node.targets[0].id
+        if name != name.upper():
+            raise ValueError(f"{notebook.name}: parameter {name!r} must be UPPER_CASE")
+        values[name] = ast.literal_eval(node.value)
+    return values
+
+
+def toc_chapters(toc: Path) -> list[str]:
+    """The notebook stems the table of contents lists as ``chapters/<stem>``, in order."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if str(node.get("file", "")).startswith("chapters/"):
+                found.append(node["file"].split("/", 1)[1])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(yaml.safe_load(toc.read_text()))
+    return [stem for stem in found if stem != "status"]
+
+
+def _stamp(notebook: Path, params: dict[str, Any]) -> str:
+    payload = notebook.read_bytes() + json.dumps(params, sort_keys=True).encode() + code_version().encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _recorded(executed: Path) -> dict[str, Any]:
+    if not executed.exists():
+        return {}
+    return nbformat.read(executed, as_version=4).metadata.get("fedlab", {})
+
+
+def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: dict | None = None,
+            force: bool = False) -> list[str]:
+    """Execute the toc's notebooks with a profile; returns the stems that were (re-)executed."""
+    import papermill
+
+    if profile not in PROFILE_NAMES:
+        raise ValueError(f"profile: unknown value {profile!r}; allowed: {', '.join(PROFILE_NAMES)}")
+    profiles = load_profiles() if profiles is None else profiles
+    chapters.mkdir(parents=True, exist_ok=True)
+    ran = []
+    for stem in toc_chapters(toc):
+        source, target = notebooks / f"{stem}.ipynb", chapters / f"{stem}.ipynb"
+        params = profile_parameters(profiles, stem, profile)
+        stamp = _stamp(source, params)
+        if not force and _recorded(target).get("stamp") == stamp:
+            print(f"[book] {stem}: unchanged, kept", flush=True)
+            continue
+        print(f"[book] {stem}: executing with the {profile!r} profile", flush=True)
+        started = time.perf_counter()
+        # The kernel must use the inline backend so figures land in the page; a headless MPLBACKEND
+        # set for the test process would be inherited by the kernel and swallow them.
+        backend = os.environ.pop("MPLBACKEND", None)
+        try:
+            papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name="python3",
+                                       cwd=str(chapters), progress_bar=False, request_save_on_cell_execute=False)
+        finally:
+            if backend is not None:
+                os.environ["MPLBACKEND"] = backend
+        nb = nbformat.read(target, as_version=4)
+        nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
+                                 "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        nbformat.write(nb, target)
+        ran.append(stem)
+    return ran
+
+
+def write_status(chapters: Path, toc: Path) -> Path:
+    """The execution-status page: profile, time and date of every chapter's last execution."""
+    lines = ["# Execution status", "",
+             "Every chapter is a notebook executed by papermill before the book is built. This table is",
+             "regenerated at each build from the executed notebooks' metadata (2-core CPU unless noted).", "",
+             "| chapter | profile | seconds | executed |", "| --- | --- | ---: | --- |"]
+    total = 0.0
+    for stem in toc_chapters(toc):
+        meta = _recorded(chapters / f"{stem}.ipynb")
+        total += meta.get("seconds", 0.0)
+        lines.append(f"| [{stem}]({stem}.ipynb) | {meta.get('profile', '-')} | {meta.get('seconds', 0):.0f} "
+                     f"| {meta.get('executed', '-')} |")
+    lines += ["", f"Total: {total / 60:.1f} minutes.", ""]
+    page = chapters / "status.md"
+    page.write_text("\n".join(lines))
+    return page
+
+
+def read_glue(executed: Path) -> dict[str, Any]:
+    """The values a notebook recorded with ``myst_nb.glue``, parsed back from its outputs."""
+    values = {}
+    for cell in nbformat.read(executed, as_version=4).cells:
+        for out in cell.get("outputs", []):
+            record = out.get("metadata", {}).get("scrapbook", {})
+            mime = record.get("mime_prefix", "") + "text/plain"  # the prefix is empty for displayed values
+            if "name" in record and mime in out.get("data", {}):
+                name, text = record["name"], out["data"][mime]
+                try:
+                    values[name] = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    values[name] = text.strip("'\"")
+    return values
+
+
+def build_html(book: Path, config: Path, output: Path | None = None) -> Path:
+    """Jupyter Book v1 HTML build that fails on warnings; returns the path of index.html."""
+    command = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(book), "--config", str(config),
+               "--toc", str(book / "_toc.yml"), "--path-output", str(output or book), "-W", "--keep-going", "--all"]
+    subprocess.run(command, check=True)
+    return (output or book) / "_build" / "html" / "index.html"
+
+
+def build(profile: str = "book", book: Path = ROOT / "book", notebooks: Path = ROOT / "notebooks",
+          config: Path = ROOT / "_config.yml", force: bool = False) -> Path:
+    """Execute the notebooks, write the status page and build the HTML."""
+    chapters = book / "chapters"
+    execute(profile, notebooks, chapters, book / "_toc.yml", force=force)
+    write_status(chapters, book / "_toc.yml")
+    return build_html(book, config)
+
+
+def stage(destination: Path) -> Path:
+    """Copy the book's sources (not its executed chapters or build) to another folder; returns its book dir."""
+    shutil.copytree(ROOT / "book", destination / "book", ignore=shutil.ignore_patterns("_build", "chapters"))
+    shutil.copy(ROOT / "_config.yml", destination / "_config.yml")
+    return destination / "book"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fedlab_core.book", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="book", choices=PROFILE_NAMES)
+    parser.add_argument("--force", action="store_true", help="re-execute every notebook")
+    args = parser.parse_args(argv)
+    index = build(args.profile, force=args.force)
+    print(f"[book] HTML: {index}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The book pipeline: profiles, notebooks as committed, the smoke-profile build and its numbers, and
+the built quickstart page in a real headless Chromium."""
+import functools
+import http.server
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from fedlab_core import book
+from fedlab_core.models import build_model, count_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+PROFILES = book.load_profiles()
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_parameters_cell_holds_the_book_profile(notebook):
+    assert book.parameters_cell(notebook) == PROFILES[notebook.stem]["book"]
+    for profile in ("smoke", "paper"):
+        extra = set(PROFILES[notebook.stem].get(profile) or {}) - set(PROFILES[notebook.stem]["book"])
+        assert not extra, f"{profile} sets parameters the notebook does not have: {extra}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebooks_are_committed_without_outputs(notebook):
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_toc_lists_every_notebook_and_nothing_missing():
+    listed = book.toc_chapters(ROOT / "book" / "_toc.yml")
+    assert sorted(listed) == sorted(p.stem for p in NOTEBOOKS)
+    assert sorted(listed) == sorted(PROFILES)
+
+
+def test_unknown_profile_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="profile"):
+        book.execute("fast", ROOT / "notebooks", tmp_path, ROOT / "book" / "_toc.yml")
+
+
+def _tiny_book(tmp_path):
+    """A one-notebook book, to test re-execution without training anything."""
+    (tmp_path / "notebooks").mkdir()
+    cell = new_code_cell("GREETING = 'hello'\nREPEAT = 2")
+    cell.metadata["tags"] = ["parameters"]
+    nb = new_notebook(cells=[cell, new_code_cell("from myst_nb import glue\nglue('text', GREETING * REPEAT)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "notebooks" / "tiny.ipynb")
+    toc = tmp_path / "_toc.yml"
+    toc.write_text("format: jb-book\nroot: intro\nchapters:\n  - file: chapters/tiny\n  - file: chapters/status\n")
+    return tmp_path / "notebooks", tmp_path / "chapters", toc
+
+
+def test_rerun_executes_only_what_changed(tmp_path):
+    notebooks, chapters, toc = _tiny_book(tmp_path)
+    profiles = {"tiny": {"book": {"GREETING": "hello", "REPEAT": 2}, "smoke": {"REPEAT": 3}}}
+    assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]
+    assert book.read_glue(chapters / "tiny.ipynb") == {"text": "hellohellohello"}
+    assert book.execute("smoke", notebooks, chapters, toc, profiles) == []          # nothing changed
+    profiles["tiny"]["smoke"]["REPEAT"] = 1
+    assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]   # a parameter changed
+    assert book.read_glue(chapters / "tiny.ipynb") == {"text": "hello"}
+    assert book.execute("book", notebooks, chapters, toc, profiles) == ["tiny"]    # another profile
+    status = book.write_status(chapters, toc).read_text()
+    assert re.search(r"\| \[tiny\]\(tiny.ipynb\) \| book \| \d+ \|", status)
+
+
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory):
+    """Every notebook executed with the smoke profile, and the HTML book built from them."""
+    where = tmp_path_factory.mktemp("book")
+    book_dir = book.stage(where)
+    executed = book.execute("smoke", ROOT / "notebooks", book_dir / "chapters", book_dir / "_toc.yml")
+    assert sorted(executed) == sorted(p.stem for p in NOTEBOOKS)
+    book.write_status(book_dir / "chapters", book_dir / "_toc.yml")
+    index = book.build_html(book_dir, where / "_config.yml")
+    return book_dir, index.parent
+
+
+def test_smoke_quickstart_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "quickstart.ipynb")
+    params = book.profile_parameters(PROFILES, "quickstart", "smoke")
+    assert glue["iid_acc"] > 0.3, "FedAvg did not learn on IID data"
+    assert glue["iid_acc"] > glue["dirichlet_acc"], "label skew should cost FedAvg accuracy"
+    assert glue["distrans_dh"] == pytest.approx(params["DH"])
+    assert 0.0 < glue["dirichlet_dh"] <= 1.0
+    parameters = count_parameters(build_model("lenet5", (1, 28, 28), 10))
+    assert glue["bytes_per_round_mb"] == pytest.approx(params["NUM_CLIENTS"] * (8 * parameters + 16) / 1e6)
+    assert glue["num_seeds"] == len(params["SEEDS"])
+
+
+def test_smoke_heterogeneity_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "heterogeneity.ipynb")
+    for dh in (0.0, 0.4, 0.6, 0.8, 1.0):
+        assert glue[f"distrans_dh_{dh}"] == pytest.approx(dh)
+    assert glue["one_class_dh"] == 1.0
+    assert glue["domain_dh"] == 0.0                       # feature skew is invisible to DH
+    assert glue["dirichlet_dh_0.1"] > glue["dirichlet_dh_100"] == 0.0
+    assert glue["domain_mean_inverted_noise"] > glue["domain_mean_original"] + 0.2
+    assert 10 <= glue["quantity_min"] < glue["quantity_max"]
+
+
+def test_book_pages_and_status_page_are_built(smoke_book):
+    book_dir, html = smoke_book
+    for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/status"):
+        assert (html / f"{page}.html").exists(), page
+    status = (html / "chapters" / "status.html").read_text()
+    assert "quickstart" in status and "heterogeneity" in status and "smoke" in status
+
+
+@pytest.fixture(scope="session")
+def served_html(smoke_book):
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(smoke_book[1]))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium comes with pip install -e '.[test]'")
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and chromedriver, "Debian's chromium and chromium-driver are needed: run `make browser`"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,4000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(f"{served_html}/chapters/quickstart.html")
+        images = driver.execute_script(
+            "return Array.from(document.images).map(i => [i.src, i.complete, i.naturalWidth]);")
+        text = driver.find_element("tag name", "body").text
+        stderr_blocks = driver.find_elements("css selector", ".output.stderr, .stderr")
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "quickstart.png"))
+    finally:
+        driver.quit()
+    figures = [src for src, done, width in images if "_images" in src]
+    assert len(figures) >= 3, f"expected the heatmaps, curves and bytes figures, found {images}"
+    broken = [src for src, done, width in images if not done or width == 0]
+    assert not broken, f"images that did not load: {broken}"
+    assert "Quickstart" in text and "Accuracy per round" in text
+    assert not re.search(r"Traceback|\b\w+Error\b|Exception", text), "error text on the page"
+    assert not stderr_blocks, "a cell wrote to stderr (warnings or errors are on the page)"
+    assert (ARTIFACTS / "quickstart.png").stat().st_size > 10_000
