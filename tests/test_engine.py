@@ -52,6 +52,8 @@ def test_flat_state_round_trip_includes_bn_buffers():
     assert torch.equal(flat.get(), v)
     offset = sum(model.state_dict()[k].numel() for k in flat.names[:flat.names.index("bn.running_mean")])
     assert torch.equal(model.bn.running_mean, v[offset:offset + 8])
+    assert torch.equal(flat.view(v, "bn.running_mean"), v[offset:offset + 8])
+    assert flat.view(v, "fc.weight").shape == (8, 64)
 
 
 def test_fedavg_round_averages_every_float_entry_including_bn_statistics():

@@ -83,6 +83,12 @@ class FlatState:
             return torch.zeros(0)
         return torch.cat([t.reshape(-1) for t in self._tensors])
 
+    def view(self, flat: torch.Tensor, name: str) -> torch.Tensor:
+        """The part of a (size,) vector that holds entry `name`, shaped like that entry (a view)."""
+        i = self.names.index(name)
+        start = sum(self._numels[:i])
+        return flat[start:start + self._numels[i]].view_as(self._tensors[i])
+
     @torch.no_grad()
     def set(self, flat: torch.Tensor) -> None:
         """Copy a (size,) vector back into the module's entries."""
