@@ -132,7 +132,9 @@ def write_status(chapters: Path, toc: Path) -> Path:
     """The execution-status page: profile, time and date of every chapter's last execution."""
     lines = ["# Execution status", "",
              "Every chapter is a notebook executed by papermill before the book is built. This table is",
-             "regenerated at each build from the executed notebooks' metadata (2-core CPU unless noted).", "",
+             "regenerated at each build from the executed notebooks' metadata. A chapter is executed again",
+             "only when its notebook, its parameters or the library changed, and federated runs that already",
+             "finished are read from the run cache, so a re-execution can be much faster than the first.", "",
              "| chapter | profile | seconds | executed |", "| --- | --- | ---: | --- |"]
     total = 0.0
     for stem in toc_chapters(toc):

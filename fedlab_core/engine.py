@@ -189,25 +189,29 @@ class Simulation:
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def _score(self, server: dict, client_state: dict | None, cid: int | None,
+    def _score(self, state: SimulationState, cid: int | None,
                x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
-        """(correct, summed loss, count) of the algorithm's predictions on (x, y)."""
+        """(correct, summed loss, count) of the algorithm's predictions on (x, y); cid None: global."""
         correct = loss = 0.0
         for s in range(0, len(y), self.eval_batch_size):
             xb, yb = x[s:s + self.eval_batch_size], y[s:s + self.eval_batch_size]
-            logits = self.algorithm.predict(server, client_state, self.augment.eval_input(xb, cid))
+            xb = self.augment.eval_input(xb, cid)
+            if cid is None:
+                logits = self.algorithm.predict_global(state.server, state.clients, xb)
+            else:
+                logits = self.algorithm.predict(state.server, state.clients[cid], xb)
             correct += (logits.argmax(1) == yb).sum().item()
             loss += F.cross_entropy(logits, yb, reduction="sum").item()
         return correct, loss, len(y)
 
     def evaluate(self, state: SimulationState) -> dict[str, Any]:
-        """Global model on the global test set; each client's `predict` on its own test set."""
+        """`predict_global` on the global test set; each client's `predict` on its own test set."""
         fed = self.federation
-        correct, loss, n = self._score(state.server, None, None, fed.x_test, fed.y_test)
+        correct, loss, n = self._score(state, None, fed.x_test, fed.y_test)
         per_client = []
         for cid, data in enumerate(fed.clients):
             if len(data.y_test):
-                c, _, m = self._score(state.server, state.clients[cid], cid, data.x_test, data.y_test)
+                c, _, m = self._score(state, cid, data.x_test, data.y_test)
                 per_client.append(c / m)
             else:
                 per_client.append(math.nan)

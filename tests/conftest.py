@@ -3,6 +3,7 @@ import os
 
 import pytest
 import torch
+from torch import nn
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -20,3 +21,16 @@ def tiny():
 @pytest.fixture(autouse=True)
 def _quiet_logs(caplog):
     caplog.set_level(logging.WARNING, logger="fedlab_core")
+
+
+class TinyBN(nn.Module):
+    """A model with batch norm, for checks on how running statistics travel (64 inputs, 10 classes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.out = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.fc(x.flatten(1)))))

@@ -10,19 +10,9 @@ from fedlab_core.data import federate, load_dataset
 from fedlab_core.engine import Simulation, client_generator
 from fedlab_core.models import build_model
 from fedlab_core.runs import build
+from conftest import TinyBN
 
 
-class TinyBN(nn.Module):
-    """A model with batch norm, to check running statistics are averaged too."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(64, 8)
-        self.bn = nn.BatchNorm1d(8)
-        self.out = nn.Linear(8, 10)
-
-    def forward(self, x):
-        return self.out(torch.relu(self.bn(self.fc(x.flatten(1)))))
 
 
 def _federation(num_clients=3, scheme="iid", **kw):

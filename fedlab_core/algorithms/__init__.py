@@ -1,10 +1,26 @@
 """Federated algorithms, one file each; :data:`ALGORITHMS` maps names to classes."""
 from .base import Algorithm, FlatState, Message, NonFiniteLossError, Training, weighted_mean
+from .central import Centralised
 from .fedavg import FedAvg
+from .fedavgm import FedAvgM
+from .fedaws import FedAwS
+from .fedbn import FedBN
+from .fedfa import FedFA
+from .fednova import FedNova
+from .fedproto import FedProto
+from .fedprox import FedProx
+from .moon import MOON
+from .partialfed import PartialFed
+from .pfedavg import PFedAvg
+from .pfedhn import PFedHN
+from .pfedme import PFedMe
+from .scaffold import Scaffold
+from .single import Single
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    "fedavg": FedAvg,
-}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
+    FedAvg, FedProx, FedAvgM, FedNova, Scaffold, MOON, FedBN, PFedMe, PFedHN, FedAwS, FedProto, FedFA,
+    PartialFed, PFedAvg, Single, Centralised,
+)}
 
-__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FlatState", "Message", "NonFiniteLossError", "Training",
-           "weighted_mean"]
+__all__ = ["ALGORITHMS", "Algorithm", "FlatState", "Message", "NonFiniteLossError", "Training", "weighted_mean",
+           *(cls.__name__ for cls in ALGORITHMS.values())]

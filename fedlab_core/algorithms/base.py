@@ -89,6 +89,19 @@ class FlatState:
         start = sum(self._numels[:i])
         return flat[start:start + self._numels[i]].view_as(self._tensors[i])
 
+    def parameter_mask(self, model: nn.Module) -> torch.Tensor:
+        """A (size,) bool vector: True where the vector holds a parameter, False for buffers.
+
+        Server-side optimisers (momentum, normalised averaging, control variates) act on parameters;
+        buffers such as batch-norm running statistics are averaged as FedAvg does.
+        """
+        params = {name for name, _ in model.named_parameters()}
+        mask = torch.zeros(self.size, dtype=torch.bool)
+        for name in self.names:
+            if name in params:
+                self.view(mask, name).fill_(True)
+        return mask.to(next(model.parameters()).device)
+
     @torch.no_grad()
     def set(self, flat: torch.Tensor) -> None:
         """Copy a (size,) vector back into the module's entries."""
@@ -164,6 +177,22 @@ class Algorithm:
         self.load(server_state["weights"], client_state)
         self.model.eval()
         return self.model(x)
+
+    def predict_global(self, server_state: dict[str, Any], client_states: dict[int, dict[str, Any]],
+                       x: torch.Tensor) -> torch.Tensor:
+        """Logits for the global test set. Default: :meth:`predict` with no client state (the global model).
+
+        This is the evaluator's view, not a server step: methods that have no global model (FedBN,
+        Single) override it to score the clients' ensemble from every client's state.
+        """
+        return self.predict(server_state, None, x)
+
+    @torch.no_grad()
+    def ensemble(self, server_state: dict[str, Any], client_states: dict[int, dict[str, Any]],
+                 x: torch.Tensor) -> torch.Tensor:
+        """Log of the mean of the clients' softmax outputs (B, classes): an ensemble of personal models."""
+        probs = sum(self.predict(server_state, s, x).softmax(1) for s in client_states.values())
+        return (probs / len(client_states)).clamp_min(1e-12).log()
 
     # ------------------------------------------------------------------ building blocks
 

@@ -1,8 +1,10 @@
 """Data-level plug-ins that compose with any algorithm; :data:`AUGMENTS` maps names to classes."""
+from .advprop import AdvProp
 from .base import Augment
+from .fedmix import FedMix
+from .mixup import Mixup
+from .normalize import Normalize
 
-AUGMENTS: dict[str, type[Augment]] = {
-    "none": Augment,
-}
+AUGMENTS: dict[str, type[Augment]] = {cls.name: cls for cls in (Augment, Mixup, AdvProp, FedMix, Normalize)}
 
-__all__ = ["AUGMENTS", "Augment"]
+__all__ = ["AUGMENTS", "AdvProp", "Augment", "FedMix", "Mixup", "Normalize"]

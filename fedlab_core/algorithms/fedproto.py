@@ -1,0 +1,175 @@
+"""FedProto (Tan, Long, Liu, Zhou, Lu, Jiang and Zhang, "FedProto: Federated Prototype Learning across
+Heterogeneous Clients", AAAI 2022): clients and server exchange class prototypes, the mean
+representation (``features(x)``) of each class.
+
+Client k, after local training, computes its prototypes ``C_k(j)`` (the mean of ``features(x)`` over
+its training samples of class j, model in eval mode) and uploads them with the per-class counts.
+The server's global prototype of class j is the count-weighted mean over the clients that uploaded
+class j; a class nobody uploaded this round keeps its previous global prototype. The local loss is
+
+    CE + mu * mean_i ||features(x_i) - global_proto[y_i]||^2
+
+where the mean runs over the batch samples whose class has a global prototype (none in round 1).
+
+Defaults: ``mu = 1`` (FedRDN's setting), ``share_model = True``.
+
+Two variants
+------------
+- ``share_model=True`` (default; how FedRDN uses FedProto): FedAvg plus the prototype regulariser; the
+  model weights are averaged as well and the global model predicts.
+- ``share_model=False`` (the paper's method): only prototypes travel; each client keeps its own model
+  in its client state and predicts with it. There is no global model, so the global test set is
+  scored by the clients' ensemble (an evaluation view); ``mean_client_accuracy`` is the metric to read.
+
+Notes: the regulariser sums squared differences over feature dimensions (the paper's squared L2
+distance); the authors' code uses ``nn.MSELoss``, which also divides by the feature dimension. With
+soft targets (mixup) the regulariser uses each sample's dominant class. Prototypes are computed on the
+client's training inputs as it sees them at evaluation (``augment.eval_input``, e.g. FedRDN's own
+statistics).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .base import Algorithm, FlatState, Message, Training
+
+
+def class_means(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class means of representations.
+
+    Parameters
+    ----------
+    z : (N, D) representations.
+    y : (N,) class ids.
+
+    Returns
+    -------
+    means : (num_classes, D); zero rows for absent classes.
+    counts : (num_classes,) float samples per class.
+    """
+    sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device)
+    sums.index_add_(0, y, z)
+    counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
+    return sums / counts.clamp(min=1)[:, None], counts
+
+
+class FedProto(Algorithm):
+    """Prototype regularisation towards the server's class prototypes (optionally without model sharing).
+
+    Parameters
+    ----------
+    training : local training settings.
+    mu : weight of the prototype regulariser.
+    share_model : also average the model weights (FedRDN's use) or keep one model per client (paper).
+    """
+
+    name = "fedproto"
+
+    def __init__(self, training: Training | None = None, mu: float = 1.0, share_model: bool = True):
+        super().__init__(training)
+        self.mu = mu
+        self.share_model = share_model
+
+    def init(self, model, federation):
+        server = super().init(model, federation)
+        self.whole = FlatState(model)
+        num_classes, dim = federation.num_classes, model.feature_dim
+        server["prototypes"] = torch.zeros(num_classes, dim, device=self.device)   # (C, D)
+        server["proto_counts"] = torch.zeros(num_classes, device=self.device)      # (C,) 0: no prototype yet
+        if not self.share_model:
+            del server["weights"]
+        self._targets = self._has_target = None
+        return server
+
+    def init_client(self, cid: int) -> dict[str, Any]:
+        if self.share_model:
+            return super().init_client(cid)
+        return {"model": self.whole.get()}  # every client starts from the same initial model
+
+    def server_message(self, server_state, cid):
+        have = torch.nonzero(server_state["proto_counts"] > 0).flatten()  # (k,) classes with a prototype
+        tensors = {"prototypes": server_state["prototypes"][have], "classes": have}
+        if self.share_model:
+            tensors["weights"] = server_state["weights"]
+        return Message(tensors)
+
+    def local_update(self, message, client_state, data, rng):
+        if self.share_model:
+            self.load(message.tensors["weights"], client_state)
+        else:
+            self.whole.set(client_state["model"])
+        num_classes = self.federation.num_classes
+        self._targets = torch.zeros(num_classes, self.model.feature_dim, device=self.device)  # (C, D)
+        self._has_target = torch.zeros(num_classes, dtype=torch.bool, device=self.device)     # (C,)
+        self._targets[message.tensors["classes"]] = message.tensors["prototypes"]
+        self._has_target[message.tensors["classes"]] = True
+        loss = self.train_local(data, rng, client_state)
+        means, counts = self.prototypes(data)
+        held = torch.nonzero(counts > 0).flatten()  # (k,)
+        if self.share_model:
+            upload = self.upload(data, loss, client_state)
+        else:
+            client_state["model"] = self.whole.get()
+            upload = Message({}, num_samples=data.num_train, metrics={"loss": loss})
+        upload.tensors.update(prototypes=means[held], classes=held, counts=counts[held])
+        return upload, client_state
+
+    @torch.no_grad()
+    def prototypes(self, data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+        """(C, D) class means of ``features`` over the client's training set and (C,) counts."""
+        self.model.eval()
+        x = data.x_train if self.augment is None else self.augment.eval_input(data.x_train, data.cid)
+        z = torch.cat([self.model.features(x[s:s + batch_size]) for s in range(0, len(x), batch_size)])
+        return class_means(z, data.y_train, self.federation.num_classes)
+
+    def aggregate(self, server_state, uploads, round_idx):
+        server = super().aggregate(server_state, uploads, round_idx) if self.share_model else dict(server_state)
+        sums = torch.zeros_like(server_state["prototypes"])      # (C, D)
+        totals = torch.zeros_like(server_state["proto_counts"])  # (C,)
+        for _, m in uploads:
+            classes, counts = m.tensors["classes"], m.tensors["counts"]
+            sums.index_add_(0, classes, m.tensors["prototypes"] * counts[:, None])
+            totals.index_add_(0, classes, counts)
+        seen = totals > 0
+        prototypes, proto_counts = server_state["prototypes"].clone(), server_state["proto_counts"].clone()
+        prototypes[seen] = sums[seen] / totals[seen, None]
+        proto_counts[seen] = totals[seen]
+        return {**server, "prototypes": prototypes, "proto_counts": proto_counts}
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
+        z = self.model.features(x)  # (B, D)
+        ce = F.cross_entropy(self.model.head(z), y)
+        labels = y if y.dim() == 1 else y.argmax(1)  # (B,)
+        return ce + self.mu * prototype_regulariser(z, labels, self._targets, self._has_target)
+
+    @torch.no_grad()
+    def predict(self, server_state, client_state, x):
+        if self.share_model:
+            return super().predict(server_state, client_state, x)
+        self.whole.set(client_state["model"])
+        self.model.eval()
+        return self.model(x)
+
+    def predict_global(self, server_state, client_states, x):
+        if self.share_model:
+            return super().predict_global(server_state, client_states, x)
+        return self.ensemble(server_state, client_states, x)  # no global model: the clients' ensemble
+
+
+def prototype_regulariser(z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
+                          has_prototype: torch.Tensor) -> torch.Tensor:
+    """Mean over samples whose class has a prototype of ``||z_i - prototypes[y_i]||^2`` (0 if none).
+
+    Parameters
+    ----------
+    z : (B, D) representations; y : (B,) class ids.
+    prototypes : (C, D); has_prototype : (C,) bool.
+    """
+    keep = has_prototype[y]  # (B,)
+    if not keep.any():
+        return z.sum() * 0.0  # keeps the graph (and the device) without a branch in the caller
+    diff = z[keep] - prototypes[y[keep]]  # (b, D)
+    return diff.pow(2).sum(1).mean()

@@ -1,0 +1,51 @@
+"""FedProx (Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in Heterogeneous
+Networks", MLSys 2020): FedAvg whose local objective adds a proximal term.
+
+Client k minimises ``F_k(w) + mu/2 ||w - w_global||^2``, where ``w_global`` are the weights it received
+this round. The term is applied as its gradient, ``grad += mu (w - w_global)``, added between backward
+and the optimiser step, so the reported training loss is the plain cross-entropy. Default
+``mu = 0.01`` (FedBN's setting; FedRDN uses 1e-3).
+
+The term covers the shared parameters only; batch-norm running statistics are buffers with no
+gradient and are averaged as in FedAvg. Server side: FedAvg.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Algorithm, Training
+
+
+class FedProx(Algorithm):
+    """FedAvg with a proximal term towards the round's global model.
+
+    Parameters
+    ----------
+    training : local training settings.
+    mu : weight of the proximal term ``mu/2 ||w - w_global||^2``.
+    """
+
+    name = "fedprox"
+
+    def __init__(self, training: Training | None = None, mu: float = 0.01):
+        super().__init__(training)
+        self.mu = mu
+
+    def local_update(self, message, client_state, data, rng):
+        w_global = message.tensors["weights"]  # (P,)
+        # (parameter, its slice of the received weights): the anchor of the proximal term
+        self._anchors = [(p, self.shared.view(w_global, name)) for name, p in self.model.named_parameters()
+                         if p.requires_grad and name in self.shared.names]
+        try:
+            return super().local_update(message, client_state, data, rng)
+        finally:
+            self._anchors = []
+
+    @torch.no_grad()
+    def before_step(self, client_state: dict[str, Any]) -> None:
+        for p, anchor in self._anchors:
+            if p.grad is None:  # a parameter the loss did not reach still feels the proximal pull
+                p.grad = torch.zeros_like(p)
+            p.grad.add_(p - anchor, alpha=self.mu)

@@ -1,0 +1,189 @@
+"""pFedHN (Shamsian, Navon, Fetaya and Chechik, "Personalized Federated Learning using Hypernetworks",
+ICML 2021): the server holds a hypernetwork h(v_i; phi) and one embedding v_i per client, and sends
+client i the weights theta_i = h(v_i; phi) of its personal model. The client trains theta_i locally and
+uploads delta_i = theta_i_trained - theta_i; the server takes one optimiser step per upload on phi and
+v_i with the gradient ``(d theta_i / d (phi, v_i))^T (-delta_i)`` (the paper's Eq. 4 update).
+
+How it differs from FedAvg
+--------------------------
+- The server state is the hypernetwork's weights and its optimiser state (``state_dict()`` dicts), not
+  a global model; the hypernetwork itself is an ``nn.Module`` kept on the algorithm instance.
+- It generates every floating-point *parameter* of the workspace model. Floating-point *buffers*
+  (batch-norm running statistics) are not generated: they keep FedAvg's behaviour (sent down, trained,
+  averaged by sample count), so the global prediction has statistics too. The paper's models have none.
+- ``predict`` with a client state uses h(v_i); without one (the global test set) it uses the weights
+  generated from the mean embedding, h(mean_i v_i) -- the paper defines no global model; this is ours.
+
+Defaults (the authors' code, github AvivSham/pFedHN, ``experiments/pfedhn/trainer.py``)
+------------------------------------------------------------------------------------
+embedding dim ``int(1 + num_clients / 4)``; MLP ``Linear(embed, 100)`` then 3 x (ReLU, Linear(100, 100));
+one linear output layer per target parameter, here one ``Linear(100, P)`` whose rows are those layers
+stacked (the same function and the same initialisation); embeddings ~ N(0, 1) (``nn.Embedding``).
+Server optimiser SGD lr 1e-2, momentum 0.9, weight decay 1e-3 (or Adam lr 1e-2, no decay), the
+hypernetwork gradient clipped to norm 50. Client: 50 local steps of batch 64, SGD lr 5e-3, momentum 0.9,
+weight decay 5e-5 (the ``Training`` used when none is given). The code also clips the client's gradient
+to norm 50; here the client trains with the shared ``Training`` loop, which does not clip.
+
+The output layer has ``100 x P`` weights: fine for the paper's small CNNs, the MLP and LeNet-5, but
+for large target models (the FedBN digit CNN, AlexNet) it is the method's known memory cost.
+The hypernetwork is initialised from torch's global generator, which the run seeds for model
+initialisation (deterministic per run seed).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data.federation import ClientData, Federation
+from .base import Algorithm, FlatState, Message, Training, weighted_mean
+
+
+class HyperNetwork(nn.Module):
+    """Client embeddings and an MLP that maps an embedding to a flat vector of target weights.
+
+    Parameters
+    ----------
+    num_clients : number of embeddings.
+    out_size : P, the number of generated target weights.
+    embed_dim, hidden_dim, hn_layers : embedding size, MLP width, number of hidden (ReLU, Linear) blocks.
+    """
+
+    def __init__(self, num_clients: int, out_size: int, embed_dim: int, hidden_dim: int = 100, hn_layers: int = 3):
+        super().__init__()
+        self.embeddings = nn.Embedding(num_clients, embed_dim)
+        layers: list[nn.Module] = [nn.Linear(embed_dim, hidden_dim)]
+        for _ in range(hn_layers):
+            layers += [nn.ReLU(), nn.Linear(hidden_dim, hidden_dim)]
+        self.mlp = nn.Sequential(*layers)
+        self.out = nn.Linear(hidden_dim, out_size)
+
+    def embedding(self, cid: int | None) -> torch.Tensor:
+        """v_cid, or the mean embedding for None; (embed_dim,)."""
+        table = self.embeddings.weight  # (clients, embed_dim)
+        return table.mean(0) if cid is None else table[cid]
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        return self.out(self.mlp(v))  # (embed_dim,) -> (P,)
+
+
+class PFedHN(Algorithm):
+    """Personalised federated learning with a server-side hypernetwork.
+
+    Parameters
+    ----------
+    training : local training (default: the paper's 50 steps of batch 64, SGD lr 5e-3, momentum 0.9,
+        weight decay 5e-5).
+    embed_dim : client embedding size; 0 means ``int(1 + num_clients / 4)``.
+    hidden_dim : width of the hypernetwork's MLP.
+    hn_layers : number of hidden (ReLU, Linear) blocks after the first layer.
+    server_optimizer : "sgd" or "adam".
+    server_lr, server_momentum, server_weight_decay : the server optimiser's settings (momentum and
+        weight decay are SGD's).
+    grad_clip : clip the hypernetwork gradient to this norm (0: no clipping).
+    """
+
+    name = "pfedhn"
+
+    def __init__(self, training: Training | None = None, embed_dim: int = 0, hidden_dim: int = 100,
+                 hn_layers: int = 3, server_optimizer: str = "sgd", server_lr: float = 1e-2,
+                 server_momentum: float = 0.9, server_weight_decay: float = 1e-3, grad_clip: float = 50.0):
+        super().__init__(training or Training(local_steps=50, batch_size=64, lr=5e-3, momentum=0.9,
+                                              weight_decay=5e-5))
+        if server_optimizer not in ("sgd", "adam"):
+            raise ValueError(f"server_optimizer must be 'sgd' or 'adam', got {server_optimizer!r}")
+        self.embed_dim, self.hidden_dim, self.hn_layers = embed_dim, hidden_dim, hn_layers
+        self.server_optimizer, self.server_lr = server_optimizer, server_lr
+        self.server_momentum, self.server_weight_decay = server_momentum, server_weight_decay
+        self.grad_clip = grad_clip
+
+    # ------------------------------------------------------------------ protocol
+
+    def init(self, model: nn.Module, federation: Federation) -> dict[str, Any]:
+        super().init(model, federation)
+        param_names = {n for n, _ in model.named_parameters()}
+        self.params = FlatState(model, keep=lambda n: n in param_names)        # generated by h
+        self.buffers = FlatState(model, keep=lambda n: n not in param_names)   # averaged as in FedAvg
+        embed_dim = self.embed_dim or int(1 + federation.num_clients / 4)
+        self.hnet = HyperNetwork(federation.num_clients, self.params.size, embed_dim, self.hidden_dim,
+                                 self.hn_layers).to(self.device)
+        if self.server_optimizer == "adam":
+            self.opt = torch.optim.Adam(self.hnet.parameters(), lr=self.server_lr)
+        else:
+            self.opt = torch.optim.SGD(self.hnet.parameters(), lr=self.server_lr, momentum=self.server_momentum,
+                                       weight_decay=self.server_weight_decay)
+        return self._server_state()
+
+    def init_client(self, cid: int) -> dict[str, Any]:
+        return {"cid": cid}  # predict needs to know whose embedding to use
+
+    def server_message(self, server_state: dict[str, Any], cid: int) -> Message:
+        tensors = {"weights": self.generate(server_state, cid)}
+        if self.buffers.size:
+            tensors["buffers"] = server_state["buffers"]
+        return Message(tensors)
+
+    def local_update(self, message: Message, client_state: dict[str, Any], data: ClientData,
+                     rng: torch.Generator) -> tuple[Message, dict[str, Any]]:
+        sent = message.tensors["weights"]  # (P,)
+        self._load(sent, message.tensors.get("buffers"))
+        loss = self.train_local(data, rng, client_state)
+        tensors = {"delta": self.params.get() - sent}  # (P,)
+        if self.buffers.size:
+            tensors["buffers"] = self.buffers.get()
+        return Message(tensors, num_samples=data.num_train, metrics={"loss": loss}), client_state
+
+    def aggregate(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]],
+                  round_idx: int) -> dict[str, Any]:
+        self._load_server(server_state)
+        self.hnet.train()
+        for cid, m in uploads:  # one hypernetwork step per client, in client order
+            self.opt.zero_grad(set_to_none=True)
+            theta = self.hnet(self.hnet.embedding(cid))  # (P,)
+            # vector-Jacobian product: d theta/d(phi, v_i)^T (theta_sent - theta_trained)
+            theta.backward(-m.tensors["delta"].to(theta))
+            if self.grad_clip:
+                nn.utils.clip_grad_norm_(self.hnet.parameters(), self.grad_clip)
+            self.opt.step()
+        state = self._server_state()
+        if self.buffers.size:
+            state["buffers"] = weighted_mean([m.tensors["buffers"] for _, m in uploads],
+                                             [m.num_samples for _, m in uploads])
+        else:
+            state["buffers"] = server_state["buffers"]
+        return state
+
+    @torch.no_grad()
+    def predict(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
+                x: torch.Tensor) -> torch.Tensor:
+        """Logits of h(v_i) for client i's state; of h(mean embedding) for the global test set."""
+        cid = client_state.get("cid") if client_state else None
+        self._load(self.generate(server_state, cid), server_state["buffers"])
+        self.model.eval()
+        return self.model(x)
+
+    # ------------------------------------------------------------------ building blocks
+
+    @torch.no_grad()
+    def generate(self, server_state: dict[str, Any], cid: int | None) -> torch.Tensor:
+        """The target weights h(v_cid) as a flat (P,) vector (cid None: the mean embedding)."""
+        self._load_server(server_state, optimizer=False)
+        return self.hnet(self.hnet.embedding(cid)).detach().clone()
+
+    def _load(self, weights: torch.Tensor, buffers: torch.Tensor | None) -> None:
+        self.params.set(weights)
+        if self.buffers.size and buffers is not None:
+            self.buffers.set(buffers)
+
+    def _load_server(self, server_state: dict[str, Any], optimizer: bool = True) -> None:
+        self.hnet.load_state_dict(server_state["hnet"])
+        if optimizer:
+            # deep copies both ways: the optimiser updates its buffers in place, saved states must not move
+            self.opt.load_state_dict(copy.deepcopy(server_state["optimizer"]))
+
+    def _server_state(self) -> dict[str, Any]:
+        return {"hnet": {k: v.detach().clone() for k, v in self.hnet.state_dict().items()},
+                "optimizer": copy.deepcopy(self.opt.state_dict()),
+                "buffers": self.buffers.get().to(self.device)}

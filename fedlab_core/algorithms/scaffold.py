@@ -1,0 +1,99 @@
+"""SCAFFOLD (Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020): local steps corrected by control variates.
+
+The server holds a control variate c, each client its own c_i (both zero at start). A local step is
+``w <- w - lr (g + c - c_i)``: the correction removes the drift of the client's gradient from the
+global one. After K local steps the client updates its variate with the paper's option II,
+``c_i+ = c_i - c + (w_global - w_i) / (K lr)``, and uploads ``delta_w = w_i - w_global`` and
+``delta_c = c_i+ - c_i``. The server steps ``w += server_lr * mean(delta_w)`` and
+``c += (|S| / N) mean(delta_c) = sum(delta_c) / N`` (N: all clients), which keeps c the mean of every c_i.
+The message down carries w and c, so a round moves twice FedAvg's tensor bytes each way.
+Default ``server_lr = 1.0``.
+
+Choices: mean(delta_w) is weighted by sample counts, as every aggregate in this library, so that a
+comparison with FedAvg isolates the control variates (the paper's is the unweighted mean over S);
+mean(delta_c) is unweighted, as the paper's, since c must stay the plain mean of the c_i. Control
+variates cover the shared parameters only; batch-norm running statistics are buffers without a
+gradient: their deltas are averaged with step 1, which is exactly FedAvg's average. Option II assumes
+plain SGD; with momentum or Adam it is used as is (an approximation).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Algorithm, FlatState, Message, Training, weighted_mean
+
+
+class Scaffold(Algorithm):
+    """Stochastic controlled averaging (option II control-variate update).
+
+    Parameters
+    ----------
+    training : local training settings; its lr enters the control-variate update.
+    server_lr : the server's global step size on the averaged update.
+    """
+
+    name = "scaffold"
+
+    def __init__(self, training: Training | None = None, server_lr: float = 1.0):
+        super().__init__(training)
+        self.server_lr = server_lr
+
+    def init(self, model, federation) -> dict[str, Any]:
+        state = super().init(model, federation)
+        self.param_mask = self.shared.parameter_mask(model)  # (P,) bool
+        names = {name for name, _ in model.named_parameters()} & set(self.shared.names)
+        self.params = FlatState(model, keep=lambda name: name in names)  # same order as the mask
+        return {**state, "control": torch.zeros(self.params.size, device=self.device)}
+
+    def init_client(self, cid: int) -> dict[str, Any]:
+        return {**super().init_client(cid), "control": torch.zeros(self.params.size, device=self.device)}
+
+    def server_message(self, server_state, cid) -> Message:
+        return Message({"weights": server_state["weights"], "control": server_state["control"]})
+
+    def local_update(self, message, client_state, data, rng):
+        w_global, c = message.tensors["weights"], message.tensors["control"]  # (P,), (Q,)
+        c_i = client_state["control"]  # (Q,)
+        correction = c - c_i  # (Q,)
+        modules = dict(self.model.named_parameters())
+        self._corrections = [(modules[name], self.params.view(correction, name)) for name in self.params.names]
+        self._steps = 0
+        try:
+            self.load(w_global, client_state)
+            loss = self.train_local(data, rng, client_state)
+        finally:
+            self._corrections = []
+        upload = self.upload(data, loss, client_state)  # the trained weights, local entries kept
+        w_i = upload.tensors.pop("weights")  # (P,)
+        if self._steps:
+            drift = (w_global - w_i)[self.param_mask] / (self._steps * self.training.lr)  # (Q,)
+            new_c_i = c_i - c + drift
+        else:  # no step taken: nothing learnt about the local gradient
+            new_c_i = c_i.clone()
+        upload.tensors["delta"] = w_i - w_global
+        upload.tensors["delta_control"] = new_c_i - c_i
+        return upload, {**client_state, "control": new_c_i}
+
+    def train_step(self, x, y, opt, client_state):
+        self._steps += 1
+        return super().train_step(x, y, opt, client_state)
+
+    @torch.no_grad()
+    def before_step(self, client_state: dict[str, Any]) -> None:
+        for p, corr in self._corrections:
+            if p.grad is None:  # the correction applies even where the loss has no gradient
+                p.grad = torch.zeros_like(p)
+            p.grad.add_(corr)
+
+    def aggregate(self, server_state, uploads: list[tuple[int, Message]], round_idx) -> dict[str, Any]:
+        w, c = server_state["weights"], server_state["control"]  # (P,), (Q,)
+        delta = weighted_mean([m.tensors["delta"] for _, m in uploads], [m.num_samples for _, m in uploads])
+        # parameters take the server step; buffers take the plain average (step 1)
+        new_w = w + torch.where(self.param_mask, self.server_lr * delta, delta)
+        new_c = c.clone()  # (Q,)
+        for _, m in uploads:  # c += (|S|/N) mean_S(delta_c) = sum_S(delta_c) / N
+            new_c.add_(m.tensors["delta_control"], alpha=1.0 / self.federation.num_clients)
+        return {**server_state, "weights": new_w, "control": new_c}

@@ -1,0 +1,53 @@
+"""Every algorithm and augmentation runs through the same engine, RunConfig and CLI."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlab_core import RunConfig, run
+from fedlab_core.algorithms import ALGORITHMS
+from fedlab_core.augment import AUGMENTS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _check(history):
+    assert len(history.rounds) == 2
+    for key in ("mean_client_accuracy", "global_accuracy"):
+        value = history.final[key]
+        assert value is not None and 0.0 <= value <= 1.0 and not math.isnan(value), key
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_runs_through_run_config(algorithm, tiny):
+    partition = {"partition": "one_class"} if algorithm == "fedaws" else {"partition": "dirichlet", "alpha": 0.5}
+    history = run(tiny.replace(algorithm=algorithm, num_rounds=2, local_steps=5, **partition),
+                  use_cache=False, progress=False)
+    _check(history)
+    assert history.config["algorithm"] == algorithm
+
+
+@pytest.mark.parametrize("augment", sorted(AUGMENTS))
+def test_every_augmentation_composes_with_scaffold(augment, tiny):
+    _check(run(tiny.replace(algorithm="scaffold", augment=augment, num_rounds=2, local_steps=5),
+               use_cache=False, progress=False))
+
+
+def test_cli_accepts_algorithm_and_augment_names_with_parameters(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "fedlab_core", "run", "--algorithm", "fedprox", "--algorithm-param", "mu=0.1",
+         "--augment", "mixup", "--augment-param", "alpha=0.4", "--dataset", "digits", "--num-clients", "3",
+         "--rounds", "1", "--seed", "0", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "FEDLAB_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["config"]["algorithm_params"] == {"mu": 0.1} and doc["config"]["augment_params"] == {"alpha": 0.4}
+
+
+def test_unknown_hyperparameter_names_the_algorithm_and_what_it_accepts():
+    with pytest.raises(ValueError, match="algorithm_params: 'fedprox' has no parameter 'beta'; it accepts: mu"):
+        RunConfig(algorithm="fedprox", algorithm_params={"beta": 1})
