@@ -323,6 +323,38 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     return history
 
 
+def grid(base: RunConfig, axes: Mapping[str, Mapping[str, Mapping[str, Any]]], seeds: Iterable[int]
+         ) -> dict[Any, list[RunConfig]]:
+    """Configs for every combination of labelled changes, one per seed.
+
+    ``axes`` maps an axis name to ``{label: changes to the config}``; the result maps the tuple of labels
+    (a single label when there is one axis) to the configs of every seed. Later axes win on conflicts.
+    """
+    import itertools
+
+    seeds = list(seeds)
+    out: dict[Any, list[RunConfig]] = {}
+    for combo in itertools.product(*(list(axis.items()) for axis in axes.values())):
+        changes: dict[str, Any] = {}
+        for _, change in combo:
+            changes.update(change)
+        label = tuple(name for name, _ in combo)
+        out[label if len(label) > 1 else label[0]] = [base.replace(seed=s, **changes) for s in seeds]
+    return out
+
+
+def sweep_groups(groups: Mapping[Any, list[RunConfig]], **sweep_kwargs) -> dict[Any, list[History]]:
+    """:func:`sweep` over every config of every group; the histories come back grouped the same way."""
+    results = iter(sweep([c for configs in groups.values() for c in configs], **sweep_kwargs))
+    return {key: [next(results) for _ in configs] for key, configs in groups.items()}
+
+
+def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=None, columns=None) -> pd.DataFrame:
+    """A :func:`summarize` frame keyed by (row, column) labels as a table of ``"mean ± std"`` strings."""
+    text = summary[metric].map("{:.3f}".format) + " ± " + summary[f"{metric}_std"].map("{:.3f}".format)
+    return text.unstack().reindex(index=rows, columns=columns)
+
+
 def group_frames(groups: Mapping[str, list[History]]) -> dict[str, pd.DataFrame]:
     """``{label: one frame of every seed's rounds}``, the form the plotting helpers take."""
     return {label: pd.concat([h.frame() for h in runs], ignore_index=True) for label, runs in groups.items()}

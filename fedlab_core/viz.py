@@ -23,6 +23,7 @@ __all__ = [
     "accuracy_curves",
     "bytes_per_round",
     "client_size_histogram",
+    "results_heatmap",
 ]
 
 _MAX_TICK_LABELS = 20
@@ -179,4 +180,20 @@ def client_size_histogram(class_counts: np.ndarray, ax=None):
     ax.set_xlabel("samples per client")
     ax.set_ylabel("clients")
     ax.legend()
+    return fig
+
+
+def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:.2f}", ax=None):
+    """A table of numbers (rows x columns, e.g. algorithms x settings) as an annotated heatmap."""
+    m = values.to_numpy(dtype=float)
+    fig, ax = _fig_ax(ax, figsize=(1.2 * m.shape[1] + 2.5, 0.38 * m.shape[0] + 1.2))
+    im = ax.imshow(m, aspect="auto", cmap="viridis")
+    fig.colorbar(im, ax=ax)
+    ax.set_xticks(range(m.shape[1]), [str(c) for c in values.columns], rotation=30, ha="right")
+    ax.set_yticks(range(m.shape[0]), [str(r) for r in values.index])
+    mid = np.nanmean(m)
+    for (i, j), v in np.ndenumerate(m):
+        ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if v < mid else "black")
+    if title:
+        ax.set_title(title)
     return fig
