@@ -109,9 +109,19 @@ def test_smoke_heterogeneity_headline_numbers(smoke_book):
     assert 10 <= glue["quantity_min"] < glue["quantity_max"]
 
 
+def test_smoke_baselines_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "baselines.ipynb")
+    params = book.profile_parameters(PROFILES, "baselines", "smoke")
+    assert glue["num_groups"] == len(params["ALGORITHMS"]) * 5          # every algorithm on every setting ran
+    assert 0.0 <= glue["accuracy_min"] <= glue["accuracy_max"] <= 1.0
+    assert glue["all_iid"] > glue["fedavg_iid"], "the pooled-data oracle should beat FedAvg at equal budget"
+    assert 0.0 <= glue["fedaws_client"] <= 1.0 and 0.0 <= glue["fedavg_one_class_client"] <= 1.0
+
+
 def test_book_pages_and_status_page_are_built(smoke_book):
     book_dir, html = smoke_book
-    for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/status"):
+    for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/baselines",
+                 "chapters/status"):
         assert (html / f"{page}.html").exists(), page
     status = (html / "chapters" / "status.html").read_text()
     assert "quickstart" in status and "heterogeneity" in status and "smoke" in status
