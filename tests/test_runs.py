@@ -50,10 +50,10 @@ def _numbers(history):
     ({"partition": "domain"}, "partition"),
     ({"partition": "pathological", "classes_per_client": 11}, "classes_per_client"),
 ])
-def test_bad_config_raises_value_error_naming_the_field(changes, field, tmp_path):
+def test_bad_config_raises_value_error_naming_the_field(changes, field):
+    # Construction itself fails, so nothing can be loaded or cached (the CLI test checks the cache folder).
     with pytest.raises(ValueError, match=f"^{field}: "):
         RunConfig(**changes)
-    assert not any(tmp_path.iterdir())
 
 
 def test_two_identical_runs_are_bit_identical(tiny):
