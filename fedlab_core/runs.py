@@ -274,7 +274,8 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None)
 
 
 def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bool = True,
-        checkpoint_every: int = 5, device: str | torch.device = "auto", progress: bool | None = None) -> History:
+        checkpoint_every: int = 5, device: str | torch.device = "auto", progress: bool | None = None,
+        keep_state: bool = False) -> History:
     """Run a federated experiment, or return its cached result.
 
     Parameters
@@ -285,12 +286,14 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     checkpoint_every : write a checkpoint every this many rounds (0: never).
     device : "auto" (CUDA when present), "cpu", "cuda", ...
     progress : show a progress bar (None: only on a terminal).
+    keep_state : also keep the final state (models, offsets, client states) in the cache, for
+        :func:`trained`; a cached result without it is run again.
     """
     device = resolve_device(device)
     key = cache_key(config, device)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    result_path, ckpt_path = folder / f"{key}.json", folder / f"{key}.ckpt"
-    if use_cache and result_path.exists():
+    result_path, ckpt_path, final_path = folder / f"{key}.json", folder / f"{key}.ckpt", folder / f"{key}.final"
+    if use_cache and result_path.exists() and (final_path.exists() or not keep_state):
         return History.from_json(result_path.read_text())
     started = time.perf_counter()
     sim = build(config, device, progress)
@@ -318,9 +321,47 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
     if use_cache:
+        if keep_state:
+            _atomic_write(final_path, lambda f: torch.save(dataclasses.asdict(state), f))
         _atomic_write(result_path, lambda f: f.write(history.to_json().encode()))
         ckpt_path.unlink(missing_ok=True)
     return history
+
+
+def trained(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",
+            progress: bool | None = None) -> tuple[Simulation, SimulationState]:
+    """The run's simulation and final state, ready to look inside the trained models.
+
+    The run comes from the cache when its final state was kept, and is run (and kept) otherwise.
+    """
+    device = resolve_device(device)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    run(config, cache_dir=folder, device=device, progress=progress, keep_state=True)
+    state = SimulationState(**torch.load(folder / f"{cache_key(config, device)}.final", map_location=device,
+                                         weights_only=False))
+    sim = build(config, device, progress)
+    sim.resume_state(state)
+    return sim, state
+
+
+@torch.no_grad()
+def client_features(sim: Simulation, state: SimulationState, per_client: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Representations of each client's test images under the trained model, as the client sees them.
+
+    Returns (Z (n, D), labels (n,), client ids (n,)); ``per_client`` > 0 keeps the first that many
+    test images of each client.
+    """
+    zs, ys, cs = [], [], []
+    for cid, data in enumerate(sim.federation.clients):
+        x, y = data.x_test, data.y_test
+        if per_client:
+            x, y = x[:per_client], y[:per_client]
+        x = sim.augment.eval_input(x, cid)
+        zs.append(sim.algorithm.embed(state.server, state.clients[cid], x).cpu())
+        ys.append(y.cpu())
+        cs.append(torch.full_like(y.cpu(), cid))
+    return torch.cat(zs), torch.cat(ys), torch.cat(cs)
 
 
 def grid(base: RunConfig, axes: Mapping[str, Mapping[str, Mapping[str, Any]]], seeds: Iterable[int]

@@ -116,6 +116,7 @@ def test_smoke_baselines_headline_numbers(smoke_book):
     assert 0.0 <= glue["accuracy_min"] <= glue["accuracy_max"] <= 1.0
     assert glue["all_iid"] > glue["fedavg_iid"], "the pooled-data oracle should beat FedAvg at equal budget"
     assert 0.0 <= glue["fedaws_client"] <= 1.0 and 0.0 <= glue["fedavg_one_class_client"] <= 1.0
+    assert 0.0 <= glue["pfedhn_short"] <= 1.0 and 0.0 <= glue["pfedhn_long"] <= 1.0
 
 
 def test_book_pages_and_status_page_are_built(smoke_book):

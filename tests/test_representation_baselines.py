@@ -150,6 +150,26 @@ def test_prototype_regulariser_by_hand():
     assert prototype_regulariser(z, y, protos, torch.zeros(3, dtype=torch.bool)).item() == 0.0
 
 
+@pytest.mark.parametrize("distance,scale", [("mse", 1 / 64), ("sqeuclidean", 1.0)])
+def test_fedproto_loss_scales_the_regulariser_by_its_distance(digits_iid, distance, scale):
+    algo = FedProto(mu=2.0, distance=distance)
+    algo.init(build_model("mlp", digits_iid.input_shape, 10), digits_iid)  # 64 features
+    data = digits_iid.clients[0]
+    x, y = data.x_train[:16], data.y_train[:16]
+    algo._targets = torch.randn(10, 64, generator=torch.Generator().manual_seed(0))
+    algo._has_target = torch.ones(10, dtype=torch.bool)
+    with torch.no_grad():
+        z = algo.model.features(x)
+        ce = F.cross_entropy(algo.model.head(z), y)
+        squared = (z - algo._targets[y]).pow(2).sum(1).mean()  # mean over samples of the summed squares
+        assert algo.loss(x, y, {}).item() == pytest.approx((ce + 2.0 * scale * squared).item(), rel=1e-5)
+
+
+def test_fedproto_rejects_an_unknown_distance():
+    with pytest.raises(ValueError, match="distance"):
+        FedProto(distance="cosine")
+
+
 def test_fedproto_learns_digits_with_and_without_model_sharing(digits_iid):
     shared = [_run(FedProto(Training(lr=0.1)), digits_iid, 8) for _ in range(2)]
     assert shared[0].rows[-1]["global_accuracy"] > 0.6

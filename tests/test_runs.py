@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedlab_core import RunConfig, run, sweep
 from fedlab_core import runs as runs_module
@@ -207,3 +208,23 @@ def test_sweep_on_a_local_ray_instance(tiny, tmp_path):
 def test_sweep_rejects_unknown_backend(tiny):
     with pytest.raises(ValueError, match="backend"):
         sweep([tiny], backend="dask")
+
+
+def test_trained_returns_the_final_models_and_keeps_them(tiny, tmp_path):
+    from fedlab_core.runs import client_features, trained
+
+    config = tiny.replace(algorithm="distrans", num_rounds=2)
+    history = run(config, cache_dir=tmp_path, progress=False)       # cached without its state
+    sim, state = trained(config, cache_dir=tmp_path)                  # so it runs again, keeping the state
+    assert len(list(tmp_path.glob("*.final"))) == 1
+    again = trained(config, cache_dir=tmp_path)[1]
+    assert torch.equal(again.server["weights"], state.server["weights"])
+    # the loaded models reproduce the recorded client accuracies
+    accuracies = []
+    for cid, data in enumerate(sim.federation.clients):
+        logits = sim.algorithm.predict(state.server, state.clients[cid], data.x_test)
+        accuracies.append((logits.argmax(1) == data.y_test).float().mean().item())
+    assert accuracies == pytest.approx(history.final["client_accuracy"], abs=1e-6)
+    z, y, c = client_features(sim, state, per_client=5)
+    assert z.shape == (20, 2 * 64) and c.tolist() == sum(([k] * 5 for k in range(4)), [])
+    assert torch.equal(y, torch.cat([d.y_test[:5] for d in sim.federation.clients]))

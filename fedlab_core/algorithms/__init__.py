@@ -1,6 +1,7 @@
 """Federated algorithms, one file each; :data:`ALGORITHMS` maps names to classes."""
 from .base import Algorithm, FlatState, Message, NonFiniteLossError, Training, weighted_mean
 from .central import Centralised
+from .distrans import DisTrans
 from .fedavg import FedAvg
 from .fedavgm import FedAvgM
 from .fedaws import FedAwS
@@ -19,7 +20,7 @@ from .single import Single
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
     FedAvg, FedProx, FedAvgM, FedNova, Scaffold, MOON, FedBN, PFedMe, PFedHN, FedAwS, FedProto, FedFA,
-    PartialFed, PFedAvg, Single, Centralised,
+    PartialFed, PFedAvg, Single, Centralised, DisTrans,
 )}
 
 __all__ = ["ALGORITHMS", "Algorithm", "FlatState", "Message", "NonFiniteLossError", "Training", "weighted_mean",

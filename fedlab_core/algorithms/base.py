@@ -178,6 +178,14 @@ class Algorithm:
         self.model.eval()
         return self.model(x)
 
+    @torch.no_grad()
+    def embed(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
+              x: torch.Tensor) -> torch.Tensor:
+        """Representations ``features(x)`` (B, D) of the model that :meth:`predict` uses."""
+        self.load(server_state["weights"], client_state)
+        self.model.eval()
+        return self.model.features(x)
+
     def predict_global(self, server_state: dict[str, Any], client_states: dict[int, dict[str, Any]],
                        x: torch.Tensor) -> torch.Tensor:
         """Logits for the global test set. Default: :meth:`predict` with no client state (the global model).

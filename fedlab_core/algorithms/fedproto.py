@@ -7,11 +7,11 @@ its training samples of class j, model in eval mode) and uploads them with the p
 The server's global prototype of class j is the count-weighted mean over the clients that uploaded
 class j; a class nobody uploaded this round keeps its previous global prototype. The local loss is
 
-    CE + mu * mean_i ||features(x_i) - global_proto[y_i]||^2
+    CE + mu * mean_i d(features(x_i), global_proto[y_i])
 
 where the mean runs over the batch samples whose class has a global prototype (none in round 1).
 
-Defaults: ``mu = 1`` (FedRDN's setting), ``share_model = True``.
+Defaults: ``mu = 1`` (FedRDN's setting), ``share_model = True``, ``distance = "mse"``.
 
 Two variants
 ------------
@@ -21,9 +21,17 @@ Two variants
   in its client state and predicts with it. There is no global model, so the global test set is
   scored by the clients' ensemble (an evaluation view); ``mean_client_accuracy`` is the metric to read.
 
-Notes: the regulariser sums squared differences over feature dimensions (the paper's squared L2
-distance); the authors' code uses ``nn.MSELoss``, which also divides by the feature dimension. With
-soft targets (mixup) the regulariser uses each sample's dominant class. Prototypes are computed on the
+The distance
+------------
+The paper writes the regulariser as a distance between representations and prototypes without fixing
+its scale; the authors' code uses ``nn.MSELoss``, the squared difference averaged over the D feature
+dimensions. ``distance="mse"`` (default) is that; ``distance="sqeuclidean"`` sums over the dimensions,
+D times stronger at the same mu. The two agree up to that factor, and mu = 1 (FedRDN's setting, taken
+with the authors' code) is meant on the MSE scale: with the sum, LeNet-5's 84 features and mu = 1 the
+regulariser pulls every representation onto the prototypes and the global model stays at chance
+(measured on Fashion-MNIST, IID, 10 rounds: 0.10 against 0.71 with the MSE).
+
+Notes: with soft targets (mixup) the regulariser uses each sample's dominant class. Prototypes are computed on the
 client's training inputs as it sees them at evaluation (``augment.eval_input``, e.g. FedRDN's own
 statistics).
 """
@@ -64,14 +72,19 @@ class FedProto(Algorithm):
     training : local training settings.
     mu : weight of the prototype regulariser.
     share_model : also average the model weights (FedRDN's use) or keep one model per client (paper).
+    distance : "mse" (mean over feature dimensions, the authors' code) or "sqeuclidean" (their sum).
     """
 
     name = "fedproto"
 
-    def __init__(self, training: Training | None = None, mu: float = 1.0, share_model: bool = True):
+    def __init__(self, training: Training | None = None, mu: float = 1.0, share_model: bool = True,
+                 distance: str = "mse"):
         super().__init__(training)
+        if distance not in ("mse", "sqeuclidean"):
+            raise ValueError(f"distance must be 'mse' or 'sqeuclidean', got {distance!r}")
         self.mu = mu
         self.share_model = share_model
+        self.distance = distance
 
     def init(self, model, federation):
         server = super().init(model, federation)
@@ -143,7 +156,8 @@ class FedProto(Algorithm):
         z = self.model.features(x)  # (B, D)
         ce = F.cross_entropy(self.model.head(z), y)
         labels = y if y.dim() == 1 else y.argmax(1)  # (B,)
-        return ce + self.mu * prototype_regulariser(z, labels, self._targets, self._has_target)
+        reg = prototype_regulariser(z, labels, self._targets, self._has_target)
+        return ce + self.mu * (reg / z.shape[1] if self.distance == "mse" else reg)
 
     @torch.no_grad()
     def predict(self, server_state, client_state, x):

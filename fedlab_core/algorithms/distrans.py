@@ -1,0 +1,309 @@
+"""DisTrans (Yuan, Hui, Yang, Liu, Chen and Zhang, "Addressing Heterogeneity in Federated Learning via
+Distributional Transformation", ECCV 2022): every client owns an offset ``t_i`` with the input's shape,
+trained jointly with a double-input-channel model and added to its inputs at test time too.
+
+How it differs from FedAvg
+--------------------------
+- The model is :class:`DoubleChannel` around the run's backbone: the shared backbone sees both
+  ``(1 - a) x + a t`` and ``(1 + a) x - a t`` (Eq. 1; the two average back to x), the two feature
+  vectors are concatenated and one linear layer maps them to the logits (``head="linear"``, default).
+  Section 4.1 describes "a dense layer concatenating two channels' outputs, and a logits layer"; its
+  Table 7 settles what that is: the double model is larger than the single one by exactly
+  feature-dim x classes weights (ResNet-18: 5,120 = 512 x 10), i.e. the logits layer reads the
+  concatenation and nothing else is added, which is also the authors' code. ``head="dense"`` is the other
+  reading: Linear(2D, D) with ReLU, then the backbone's own head (it trains markedly slower here).
+  ``channels=1`` is the single-input-channel ablation (Table 3): the backbone on ``(1 - a) x + a t`` alone.
+- Per mini-batch (Algorithm 1): one SGD step on the offset with the model fixed (batch-norm running
+  statistics included), then one step on the model with the offset fixed. ``joint=True`` is the
+  authors' code: one backward pass, both stepped together.
+- The server averages the models as FedAvg does and aggregates the offsets (Section 4.4):
+  ``none`` (every client keeps its own), ``avg`` (one global mean offset, sent to everyone),
+  ``nn`` (a server network, below) or ``nn+no`` (default): ``nn`` when the split's DH is below
+  ``dh_threshold`` (0.5), ``none`` otherwise. Offsets travel only when the server uses them, and their
+  bytes are counted; ``nn`` also uploads the client's class counts (10 floats for 10 classes).
+- ``predict`` for a client adds that client's own offset (the one it trained last). The global test
+  set has no client; it is scored with the mean of the clients' offsets, an evaluator's view that the
+  paper does not define. The paper's metric is the client accuracy.
+
+The offset network (``nn``)
+---------------------------
+The server maps a client's class vector ``e_i`` (entry j: the fraction of class j's training samples
+that sit on client i, from the uploaded counts) and its offset to an aggregated offset ``t'_i``.
+Each round it takes one SGD step (lr ``server_lr``) on ``sum_i ||t_i - g(e_i, t_i^prev)||_2`` over the
+round's clients (the paper's regression between a client's new offset and what the server sent it
+last round; the authors' code steps once per client instead), then sends ``t'_i = g(e_i, t_i)``.
+Architecture (the paper: "a single-input-channel generator with four convolutional layers"; its code
+uses a larger DCGAN-style generator from ``e`` alone): ``e`` -> Linear(N, 100) -> ReLU -> Linear(100, H*W)
+gives one map, stacked with the offset's channels; four 3x3 convolutions (16 channels, ReLU between)
+give a correction that is added to the offset. The last convolution starts at zero, so an untrained
+network passes offsets through unchanged (the paper does not say how it starts; this is our choice).
+
+Defaults: the paper's ``a = 0.3``, offset lr 1e-3, one local epoch; the model's lr is the run's (the
+paper: 5e-3, the ``Training`` used when none is given). Offsets start as uniform noise in [0, 1), the
+range of this library's images (the authors' code: ``torch.rand`` then the images' normalisation).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.federation import ClientData, Federation
+from ..data.partition import dh_of
+from .base import Algorithm, FlatState, Message, Training
+
+AGGREGATIONS = ("none", "avg", "nn", "nn+no")
+
+
+def shift(x: torch.Tensor, t: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two channels of Eq. 1: ``((1 - a) x + a t, (1 + a) x - a t)``; their mean is x."""
+    return (1 - alpha) * x + alpha * t, (1 + alpha) * x - alpha * t
+
+
+class DoubleChannel(nn.Module):
+    """A backbone (with ``features``/``head``) applied to the two offset channels of its input.
+
+    Parameters
+    ----------
+    backbone : any model of :mod:`fedlab_core.models`.
+    alpha : the offset's weight a in Eq. 1.
+    channels : 2 (DisTrans) or 1 (the single-input-channel ablation).
+    head : "linear" (concatenation -> Linear(2D, classes): the paper's Table 7 and the authors' code) or
+        "dense" (concatenation -> Linear(2D, D) -> ReLU -> the backbone's head).
+
+    The offset is the attribute ``offset`` ((C, H, W), or None for zeros); it is not a module entry, so
+    it never enters the model's state or its average.
+    """
+
+    def __init__(self, backbone: nn.Module, alpha: float = 0.3, channels: int = 2, head: str = "linear"):
+        super().__init__()
+        if channels not in (1, 2):
+            raise ValueError(f"channels must be 1 or 2, got {channels!r}")
+        if head not in ("dense", "linear"):
+            raise ValueError(f"head must be 'dense' or 'linear', got {head!r}")
+        self.backbone, self.alpha, self.channels, self.head_kind = backbone, alpha, channels, head
+        dim = backbone.feature_dim
+        self.offset: torch.Tensor | None = None
+        self.dense = nn.Linear(2 * dim, dim) if channels == 2 and head == "dense" else None
+        if channels == 2 and head == "linear":  # the logits layer reads both channels' features
+            backbone.head = nn.Linear(2 * dim, backbone.head.out_features)
+        self.feature_dim = 2 * dim if channels == 2 and head == "linear" else dim
+        self.to(next(backbone.parameters()).device)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, feature_dim), with the current offset."""
+        t = torch.zeros_like(x[0]) if self.offset is None else self.offset  # (C, H, W)
+        first, second = shift(x, t, self.alpha)
+        if self.channels == 1:
+            return self.backbone.features(first)
+        z = self.backbone.features(torch.cat([first, second]))  # one pass: batch norm sees both channels
+        z = torch.cat(z.chunk(2), dim=1)  # (B, 2D)
+        return z if self.dense is None else F.relu(self.dense(z))
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.backbone.head(z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class OffsetNetwork(nn.Module):
+    """g(e, t): a client's class vector e (N,) and offset t (C, H, W) to an aggregated offset (C, H, W)."""
+
+    def __init__(self, num_classes: int, shape: tuple[int, int, int], hidden: int = 100, width: int = 16):
+        super().__init__()
+        c, h, w = shape
+        self.shape = shape
+        self.embed = nn.Sequential(nn.Linear(num_classes, hidden), nn.ReLU(), nn.Linear(hidden, h * w))
+        self.convs = nn.Sequential(
+            nn.Conv2d(c + 1, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(width, c, 3, padding=1))
+        nn.init.zeros_(self.convs[-1].weight)
+        nn.init.zeros_(self.convs[-1].bias)
+
+    def forward(self, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """e (K, N), t (K, C, H, W) -> (K, C, H, W)."""
+        _, h, w = self.shape
+        plane = self.embed(e).view(-1, 1, h, w)  # (K, 1, H, W)
+        return t + self.convs(torch.cat([t, plane], dim=1))
+
+
+@contextlib.contextmanager
+def frozen_statistics(model: nn.Module):
+    """Batch norm normalises with the batch as in training but leaves its running statistics alone."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None)
+             for m in norms]
+    for m in norms:
+        m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch
+    try:
+        yield
+    finally:
+        for m, (momentum, tracked) in zip(norms, saved):
+            m.momentum = momentum
+            if tracked is not None:
+                m.num_batches_tracked.copy_(tracked)
+
+
+class DisTrans(Algorithm):
+    """FedAvg of a double-input-channel model plus one trained input offset per client.
+
+    Parameters
+    ----------
+    training : the model's local training (default: the paper's SGD lr 5e-3, one epoch).
+    alpha : the offset weight a (paper: 0.3; its code's non-IID script: 0.2).
+    offset_lr : SGD learning rate of the offset step (paper: 1e-3).
+    aggregation : "none", "avg", "nn" or "nn+no" (default: ``nn`` below ``dh_threshold``, else ``none``).
+    dh_threshold : the DH at which ``nn+no`` switches to ``none``.
+    joint : one backward pass for offset and model (the authors' code) instead of the paper's
+        alternating steps.
+    channels, head : the model's structure (see :class:`DoubleChannel`).
+    server_lr : SGD learning rate of the offset network.
+    """
+
+    name = "distrans"
+
+    def __init__(self, training: Training | None = None, alpha: float = 0.3, offset_lr: float = 1e-3,
+                 aggregation: str = "nn+no", dh_threshold: float = 0.5, joint: bool = False, channels: int = 2,
+                 head: str = "linear", server_lr: float = 1e-2):
+        super().__init__(training or Training(lr=5e-3))
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+        if offset_lr < 0 or server_lr < 0:
+            raise ValueError("offset_lr and server_lr must be >= 0")
+        self.alpha, self.offset_lr, self.aggregation = alpha, offset_lr, aggregation
+        self.dh_threshold, self.joint, self.channels, self.head = dh_threshold, joint, channels, head
+        self.server_lr = server_lr
+
+    # ------------------------------------------------------------------ protocol
+
+    def init(self, model: nn.Module, federation: Federation) -> dict[str, Any]:
+        wrapped = DoubleChannel(model, self.alpha, self.channels, self.head)
+        server = super().init(wrapped, federation)
+        self.dh = dh_of(federation.class_counts, federation.num_classes)
+        self.mode = self.aggregation
+        if self.aggregation == "nn+no":
+            self.mode = "nn" if self.dh < self.dh_threshold else "none"
+        self.offset_seed = int(torch.randint(2 ** 62, (1,)))  # from the run's seeded initialisation stream
+        if self.mode == "nn":
+            self.net = OffsetNetwork(federation.num_classes, federation.input_shape).to(self.device)
+            self.net_state = FlatState(self.net)
+            k = federation.num_clients
+            server.update(net=self.net_state.get(),
+                          counts=torch.zeros(k, federation.num_classes, device=self.device),   # (K, N)
+                          inputs=torch.zeros(k, *federation.input_shape, device=self.device),  # (K, C, H, W)
+                          sent=torch.zeros(k, *federation.input_shape, device=self.device),    # (K, C, H, W)
+                          has_sent=torch.zeros(k, dtype=torch.bool, device=self.device))       # (K,)
+        return server
+
+    def init_client(self, cid: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(self.offset_seed + cid)
+        return {"offset": torch.rand(self.federation.input_shape, generator=g).to(self.device)}  # (C, H, W)
+
+    def server_message(self, server_state: dict[str, Any], cid: int) -> Message:
+        tensors = {"weights": server_state["weights"]}
+        if self.mode == "avg" and "offset" in server_state:
+            tensors["offset"] = server_state["offset"]
+        elif self.mode == "nn" and bool(server_state["has_sent"][cid]):
+            tensors["offset"] = server_state["sent"][cid]
+        return Message(tensors)
+
+    def local_update(self, message: Message, client_state: dict[str, Any], data: ClientData,
+                     rng: torch.Generator) -> tuple[Message, dict[str, Any]]:
+        self.load(message.tensors["weights"], client_state)
+        start = message.tensors.get("offset", client_state["offset"])
+        self._offset = start.detach().clone().requires_grad_(True)  # (C, H, W), the offset being trained
+        self.model.offset = self._offset
+        loss = self.train_local(data, rng, client_state)
+        client_state["offset"] = self._offset.detach().clone()
+        upload = self.upload(data, loss, client_state)
+        if self.mode in ("avg", "nn"):
+            upload.tensors["offset"] = client_state["offset"]
+        if self.mode == "nn":
+            upload.tensors["class_counts"] = torch.bincount(data.y_train, minlength=self.federation.num_classes).float()
+        self.model.offset = None
+        return upload, client_state
+
+    def aggregate(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]],
+                  round_idx: int) -> dict[str, Any]:
+        server = super().aggregate(server_state, uploads, round_idx)
+        if self.mode == "avg":
+            server["offset"] = torch.stack([m.tensors["offset"] for _, m in uploads]).mean(0)
+        elif self.mode == "nn":
+            server.update(self._aggregate_nn(server_state, uploads))
+        return server
+
+    def _aggregate_nn(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]]) -> dict[str, Any]:
+        counts = server_state["counts"].clone()
+        ids = torch.tensor([cid for cid, _ in uploads], device=self.device)
+        offsets = torch.stack([m.tensors["offset"] for _, m in uploads])  # (K, C, H, W)
+        counts[ids] = torch.stack([m.tensors["class_counts"] for _, m in uploads])
+        e = counts / counts.sum(0).clamp(min=1)  # (clients, N): share of each class's samples per client
+        self.net_state.set(server_state["net"])
+        seen = server_state["has_sent"][ids]  # (K,) clients the server answered last time
+        if seen.any():
+            opt = torch.optim.SGD(self.net.parameters(), lr=self.server_lr)
+            opt.zero_grad(set_to_none=True)
+            predicted = self.net(e[ids[seen]], server_state["inputs"][ids[seen]])
+            (offsets[seen] - predicted).flatten(1).norm(dim=1).sum().backward()
+            opt.step()
+        with torch.no_grad():
+            answer = self.net(e[ids], offsets)  # (K, C, H, W)
+        inputs, sent, has_sent = (server_state[k].clone() for k in ("inputs", "sent", "has_sent"))
+        inputs[ids], sent[ids], has_sent[ids] = offsets, answer, True
+        return {"net": self.net_state.get(), "counts": counts, "inputs": inputs, "sent": sent, "has_sent": has_sent}
+
+    @contextlib.contextmanager
+    def shifted(self, client_state: dict[str, Any] | None):
+        """The model with the client's own offset (no client state: zero offset) for the block."""
+        self.model.offset = client_state["offset"] if client_state else None
+        try:
+            yield
+        finally:
+            self.model.offset = None
+
+    def predict(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
+                x: torch.Tensor) -> torch.Tensor:
+        """Logits of the global model on x shifted by the client's own offset."""
+        with self.shifted(client_state):
+            return super().predict(server_state, client_state, x)
+
+    def embed(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
+              x: torch.Tensor) -> torch.Tensor:
+        """Representations of x shifted by the client's own offset."""
+        with self.shifted(client_state):
+            return super().embed(server_state, client_state, x)
+
+    def predict_global(self, server_state: dict[str, Any], client_states: dict[int, dict[str, Any]],
+                       x: torch.Tensor) -> torch.Tensor:
+        """The global test set with the mean of the clients' offsets."""
+        mean = torch.stack([s["offset"] for s in client_states.values()]).mean(0)
+        return self.predict(server_state, {"offset": mean}, x)
+
+    # ------------------------------------------------------------------ building blocks
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+                   client_state: dict[str, Any]) -> torch.Tensor:
+        t = self._offset
+        if self.joint:  # the authors' code: both from one backward pass
+            t.grad = None
+            loss = super().train_step(x, y, opt, client_state)
+            with torch.no_grad():
+                t -= self.offset_lr * t.grad
+            return loss
+        with frozen_statistics(self.model):  # offset step: the model, statistics included, stays fixed
+            self.model.offset = t
+            (grad,) = torch.autograd.grad(self.loss(x, y, client_state), t)
+        with torch.no_grad():
+            t -= self.offset_lr * grad
+        self.model.offset = t.detach()  # model step: the offset stays fixed
+        loss = super().train_step(x, y, opt, client_state)
+        self.model.offset = t
+        return loss
