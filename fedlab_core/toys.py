@@ -117,7 +117,7 @@ def best_offset(client: ToyClient, w_grid, p: float = 0.0, q_grid=None, q_points
         _check_positive(q_points=q_points)
         phases = np.linspace(-np.pi, np.pi, q_points, endpoint=False)              # (Q,)
         safe = np.where(w_grid == 0.0, 1.0, np.abs(w_grid))
-        candidates = np.where(w_grid[:, None] == 0.0, 0.0, phases[None, :] / safe[:, None])   # (W, Q)
+        candidates = np.where(w_grid[:, None] == 0.0, 0.0, phases[None, :] * safe[:, None])   # (W, Q)
     else:
         q_grid = np.asarray(q_grid, dtype=np.float64).ravel()
         if q_grid.size == 0:
@@ -352,28 +352,30 @@ def plot_cosine_curves(w_grid, curves: dict[str, np.ndarray], w_true=None, title
     return ax
 
 
-def plot_fedavg_rounds(runs: dict[str, LinearFedAvg], title: str | None = None, ax=None):
-    """Global training loss against the round, one line per labelled run (log scale)."""
+def plot_fedavg_rounds(runs: dict[str, LinearFedAvg], title: str | None = None, log: bool = True, ax=None):
+    """Global training loss against the round, one line per labelled run."""
     ax = _axes(ax)
     for label, run in runs.items():
         ax.plot(np.arange(len(run.loss)), run.loss, label=label)
-    ax.set(xlabel="round", ylabel="global training loss (MSE, log scale)", yscale="log",
-           title=title or "FedAvg: loss per round")
+    ax.set(xlabel="round", ylabel="global training loss (MSE" + (", log scale)" if log else ")"),
+           yscale="log" if log else "linear", title=title or "FedAvg: loss per round")
     ax.legend(fontsize="small")
     return ax
 
 
-def plot_loss_by_sum(clients: Sequence[ToyClient], sums, p: float, runs: dict[str, tuple[LinearFedAvg, bool]],
-                     title: str | None = None, ax=None):
+def plot_loss_by_sum(clients: Sequence[ToyClient], sums, p: float, runs: dict[str, LinearFedAvg],
+                     title: str | None = None, log: bool = True, ax=None):
     """Fig. 2b: the lowest global loss for each value of ``w_1 + w_2``, without and with offsets (lines),
-    and the FedAvg trajectories ``(sum of w_r, loss_r)`` on top (dots). ``runs``: ``{label: (run, offsets)}``."""
+    and the FedAvg trajectories ``(sum of w_r, loss_r)`` on top, one marker per round: ``{label: run}``."""
     ax = _axes(ax)
     for offsets, style in ((False, "-"), (True, "--")):
         loss, _ = loss_by_sum(clients, sums, p, offsets)
         ax.plot(sums, loss, style, color="0.4", label=f"best loss for this sum, {'with' if offsets else 'no'} offsets")
-    for label, (run, _) in runs.items():
-        ax.plot(run.w.sum(axis=1), run.loss, ".-", ms=3, lw=0.6, alpha=0.8, label=label)
-    ax.set(xlabel="w_1 + w_2 of the global model (unitless)", ylabel="global training loss (MSE, log scale)",
-           yscale="log", title=title or "loss against the global w")
+    for i, (label, run) in enumerate(runs.items()):
+        ax.plot(run.w.sum(axis=1), run.loss, "o-", ms=6 - 2.5 * (i % 2), mfc="none" if i % 2 == 0 else None,
+                lw=0.6, alpha=0.8, label=f"FedAvg, {label}")
+    ax.set(xlabel="w_1 + w_2 of the global model (unitless)",
+           ylabel="global training loss (MSE" + (", log scale)" if log else ")"), yscale="log" if log else "linear",
+           title=title or "loss against the global w")
     ax.legend(fontsize="small")
     return ax

@@ -24,6 +24,10 @@ __all__ = [
     "bytes_per_round",
     "client_size_histogram",
     "results_heatmap",
+    "class_separation",
+    "embedding_scatter",
+    "offset_grid",
+    "umap_embedding",
 ]
 
 _MAX_TICK_LABELS = 20
@@ -197,3 +201,64 @@ def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: s
     if title:
         ax.set_title(title)
     return fig
+
+
+def class_separation(points: np.ndarray, labels: np.ndarray) -> float:
+    """Silhouette score of points (n, d) grouped by label: 1 separated, 0 overlapping, < 0 mixed up."""
+    from sklearn.metrics import silhouette_score
+
+    return float(silhouette_score(points, labels))
+
+
+def embedding_scatter(points: np.ndarray, labels: np.ndarray, ax=None, title: str | None = None):
+    """2-D points (n, 2), e.g. a UMAP of representations, coloured by label, with a legend of labels."""
+    fig, ax = _fig_ax(ax, figsize=(4.5, 4.5))
+    cmap = plt.get_cmap("tab10" if len(np.unique(labels)) <= 10 else "tab20")
+    for i, label in enumerate(np.unique(labels)):
+        keep = labels == label
+        ax.scatter(points[keep, 0], points[keep, 1], s=4, color=cmap(i % cmap.N), label=str(label), alpha=0.7)
+    ax.set(xticks=[], yticks=[], xlabel="component 1", ylabel="component 2")
+    ax.legend(markerscale=3, fontsize=7, loc="best", title="class", title_fontsize=7)
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def _as_image(t: torch.Tensor) -> np.ndarray:
+    """(C, H, W) tensor to an (H, W) or (H, W, 3) array for imshow."""
+    a = t.detach().cpu().numpy()
+    return a[0] if a.shape[0] == 1 else np.transpose(a, (1, 2, 0))
+
+
+def offset_grid(offsets: list[torch.Tensor], examples: list[torch.Tensor], alpha: float):
+    """Per client: a training image x, its offset t, and the first input channel (1 - alpha) x + alpha t.
+
+    Offsets are drawn on their own colour scale (they are not images and may leave [0, 1]); the shifted
+    inputs are clipped to [0, 1] for display only.
+    """
+    n = len(offsets)
+    fig, axes = plt.subplots(3, n, figsize=(1.3 * n, 4.2), layout="constrained", squeeze=False)
+    gray = dict(cmap="gray") if offsets[0].shape[0] == 1 else {}
+    for c, (t, x) in enumerate(zip(offsets, examples)):
+        axes[0, c].imshow(_as_image(x).clip(0, 1), vmin=0, vmax=1, **gray)
+        shown = t if t.shape[0] == 1 else (t - t.min()) / (t.max() - t.min()).clamp(min=1e-12)  # RGB: own range
+        axes[1, c].imshow(_as_image(shown), cmap="coolwarm" if t.shape[0] == 1 else None)
+        axes[2, c].imshow(_as_image((1 - alpha) * x + alpha * t).clip(0, 1), vmin=0, vmax=1, **gray)
+        axes[0, c].set_title(f"client {c}", fontsize=8)
+    for row, name in zip(axes, ("image x", "offset t", "(1-a)x + a t")):
+        row[0].set_ylabel(name, fontsize=8)
+        for ax in row:
+            ax.set(xticks=[], yticks=[])
+    return fig
+
+
+def umap_embedding(z: np.ndarray, seed: int = 0, n_neighbors: int = 15, min_dist: float = 0.1) -> np.ndarray:
+    """UMAP (umap-learn) of representations (n, D) to (n, 2), deterministic for a seed (single-threaded)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # umap's import-time tqdm notice and numba chatter
+        import umap
+
+        reducer = umap.UMAP(n_neighbors=n_neighbors, min_dist=min_dist, random_state=seed, n_jobs=1)
+        return reducer.fit_transform(np.asarray(z))

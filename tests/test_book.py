@@ -119,10 +119,24 @@ def test_smoke_baselines_headline_numbers(smoke_book):
     assert 0.0 <= glue["pfedhn_short"] <= 1.0 and 0.0 <= glue["pfedhn_long"] <= 1.0
 
 
+def test_smoke_distrans_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "distrans.ipynb")
+    params = book.profile_parameters(PROFILES, "distrans", "smoke")
+    assert glue["distrans_levels"] == len(params["DH_VALUES"]) + 1            # every DH level and positive labels
+    assert 0 <= glue["distrans_wins"] <= glue["distrans_levels"]
+    assert 0 <= glue["distrans_beats_transforms"] <= glue["distrans_levels"]
+    for method in ("fedavg", "fedaws", "pfedme", "distrans"):
+        assert -1.0 <= glue[f"silhouette_{method}"] <= 1.0
+    for name in ("distrans_dh0", "fedavg_dh0", "distrans_dh100", "fedaws_dh100"):
+        assert 0.0 <= glue[name] <= 1.0
+    # the gap is to the best rival, so it can be no larger than the gap to FedAwS
+    assert glue["gap_100%"] <= glue["distrans_dh100"] - glue["fedaws_dh100"] + 1e-9
+
+
 def test_book_pages_and_status_page_are_built(smoke_book):
     book_dir, html = smoke_book
     for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/baselines",
-                 "chapters/status"):
+                 "chapters/distrans_toys", "chapters/distrans", "chapters/distrans_ablations", "chapters/status"):
         assert (html / f"{page}.html").exists(), page
     status = (html / "chapters" / "status.html").read_text()
     assert "quickstart" in status and "heterogeneity" in status and "smoke" in status
