@@ -217,6 +217,34 @@ class ResNet18(nn.Module):
         return self.head(self.features(x))  # (B, num_classes)
 
 
+class ResNet50(nn.Module):
+    """ResNet-50 (He et al. 2016) from torchvision: bottleneck blocks, 2048 features; no pretrained weights."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 224):  # size unused, as ResNet18
+        super().__init__()
+        net = torchvision.models.resnet50(weights=None, num_classes=num_classes)
+        if in_channels != 3:
+            net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
+        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
+        self.avgpool = net.avgpool
+        self.feature_dim = net.fc.in_features  # 2048
+        self.head = net.fc
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (B, 64, 56, 56) for 224x224
+        x = self.layer1(x)  # (B, 256, 56, 56)
+        x = self.layer2(x)  # (B, 512, 28, 28)
+        x = self.layer3(x)  # (B, 1024, 14, 14)
+        x = self.layer4(x)  # (B, 2048, 7, 7)
+        x = self.avgpool(x)  # (B, 2048, 1, 1)
+        return torch.flatten(x, 1)  # (B, 2048)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
 def _load_resnet18_weights(net: nn.Module, path: Path, in_channels: int) -> None:
     """Load a torchvision-format ResNet-18 state dict from `path` into `net`, skipping mismatched fc / conv1."""
     if not path.is_file():
@@ -271,6 +299,7 @@ MODELS = {
     "ot_cnn": OTCNN,
     "alexnet_bn": AlexNetBN,
     "resnet18": ResNet18,
+    "resnet50": ResNet50,
     "mlp": MLP,
 }
 

@@ -17,8 +17,8 @@ and ``q = a t``.
 
 Both data generators take optional per-client input ``shifts``: client k then observes ``x + m_k``
 while its label still depends on ``x``. That is the heterogeneity an input offset can undo exactly,
-a useful contrast to the paper's different-``w_k`` setting. Everything is plain numpy and runs in
-seconds.
+a useful contrast to the paper's different-``w_k`` setting. The ``plot_*`` functions draw the panels
+of Fig. 2. Everything is plain numpy and runs in seconds.
 """
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ def _shifts(shifts, num_clients: int, dim: int) -> np.ndarray:
 def cosine_clients(w_true: Sequence[float] = (1.0, 2.0), num_samples: int = 200, noise: float = 0.1,
                    seed: int = 0, shifts: Sequence[float] | None = None) -> list[ToyClient]:
     """Data of the non-convex toy: client k holds ``y = cos(w_true[k] x) + eps``.
+
+    The default frequencies 1 and 2 give each client its own clear valley in the loss against ``w``,
+    and both valleys fit on one grid over a few periods of the cosine on the data.
 
     Parameters
     ----------
@@ -117,7 +120,7 @@ def best_offset(client: ToyClient, w_grid, p: float = 0.0, q_grid=None, q_points
         _check_positive(q_points=q_points)
         phases = np.linspace(-np.pi, np.pi, q_points, endpoint=False)              # (Q,)
         safe = np.where(w_grid == 0.0, 1.0, np.abs(w_grid))
-        candidates = np.where(w_grid[:, None] == 0.0, 0.0, phases[None, :] * safe[:, None])   # (W, Q)
+        candidates = np.where(w_grid[:, None] == 0.0, 0.0, phases[None, :] / safe[:, None])   # (W, Q)
     else:
         q_grid = np.asarray(q_grid, dtype=np.float64).ravel()
         if q_grid.size == 0:
@@ -170,6 +173,9 @@ def curve_consistency(w_grid, losses) -> dict[str, float]:
 def linear_clients(w_true: Sequence[Sequence[float]] = ((1.0, 2.0), (-2.0, 0.5)), num_samples: int = 200,
                    noise: float = 0.1, seed: int = 0, shifts=None) -> list[ToyClient]:
     """Data of the linear toy: client k holds ``y = w_true[k] . x + eps`` with ``x ~ N(0, I)``.
+
+    The default true models differ in both entries and their sums (3 and -1.5, the x-axis of
+    DisTrans' Fig. 2b) lie far apart, so one shared ``w`` is a clear compromise.
 
     ``w_true`` is (clients, d); ``shifts`` optional (clients, d): client k then observes ``x + m_k``
     while its label is still ``w_true[k] . x + eps``. Deterministic by ``seed``.
@@ -299,7 +305,8 @@ def linear_global_loss(clients: Sequence[ToyClient], w, p: float = 0.0, offsets:
     return np.einsum("...i,ij,...j->...", w, A, w) - 2.0 * w @ b + c
 
 
-def loss_by_sum(clients: Sequence[ToyClient], sums, p: float = 0.0, offsets: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def loss_by_sum(clients: Sequence[ToyClient], sums, p: float = 0.0,
+                offsets: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The global loss against the sum of the two entries of ``w`` (the x-axis of DisTrans' Fig. 2b).
 
     For each ``s`` in ``sums`` the lowest global loss over all ``w`` with ``w_1 + w_2 = s`` (exact: a

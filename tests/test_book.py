@@ -119,6 +119,23 @@ def test_smoke_baselines_headline_numbers(smoke_book):
     assert 0.0 <= glue["pfedhn_short"] <= 1.0 and 0.0 <= glue["pfedhn_long"] <= 1.0
 
 
+def test_smoke_distrans_toys_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "distrans_toys.ipynb")
+    params = book.profile_parameters(PROFILES, "distrans_toys", "smoke")
+    # (a) offsets lower the loss gap but leave the minima apart when the true w differ ...
+    assert glue["cos_mean_abs_gap_offset"] < glue["cos_mean_abs_gap_plain"]
+    assert glue["cos_argmin_gap_offset"] == pytest.approx(glue["cos_argmin_gap_plain"], abs=0.1)
+    # ... and make clients with shifted inputs agree
+    assert glue["cos_shift_argmin_gap_offset"] < 0.1 < 0.5 < glue["cos_shift_argmin_gap_plain"]
+    assert glue["cos_shift_relative_gap_offset"] < 0.5 * glue["cos_shift_relative_gap_plain"]
+    # (b) FedAvg converges with and without offsets, to about the floor the clients' disagreement sets
+    assert glue["lin_converged_gd_plain"] and glue["lin_converged_gd_offset"]
+    assert glue["lin_loss_offset"] == pytest.approx(glue["lin_loss_plain"], rel=0.05)
+    assert glue["lin_floor_offset"] <= glue["lin_floor_plain"] <= glue["lin_loss_plain"]
+    assert glue["lin_shift_loss_offset"] < 0.05 < 1.0 < glue["lin_shift_loss_plain"]
+    assert glue["num_seeds"] == len(params["SEEDS"])
+
+
 def test_smoke_distrans_headline_numbers(smoke_book):
     glue = book.read_glue(smoke_book[0] / "chapters" / "distrans.ipynb")
     params = book.profile_parameters(PROFILES, "distrans", "smoke")

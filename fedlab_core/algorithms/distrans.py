@@ -307,3 +307,45 @@ class DisTrans(Algorithm):
         loss = super().train_step(x, y, opt, client_state)
         self.model.offset = t
         return loss
+
+
+# ---------------------------------------------------------------------- communication overhead (Table 7)
+
+def communication_overhead(backbone: nn.Module, input_shape: tuple[int, int, int], head: str = "linear",
+                           serialized: bool = False) -> dict[str, float]:
+    """What DisTrans adds to one model upload: the wider double-input-channel model and the offset.
+
+    Parameters
+    ----------
+    backbone : a model of :mod:`fedlab_core.models` (left unchanged; the classes are its head's outputs).
+    input_shape : (C, H, W) of one input, the offset's shape.
+    head : the double model's head, as in :class:`DoubleChannel`.
+    serialized : also give the size of each model's state dict as written by ``torch.save`` (in memory).
+
+    Bytes are :func:`~fedlab_core.models.state_nbytes`: every floating-point state entry (parameters and
+    batch-norm running statistics), which is what this library's engine sends. The single model is
+    ``DoubleChannel(channels=1)``, whose state is the backbone's. Returns ``single_bytes``,
+    ``double_bytes``, ``offset_bytes`` (C*H*W times the element size), ``extra_bytes`` (double - single
+    + offset), ``overhead`` (extra / single, a fraction), ``single_parameters``, ``double_parameters``
+    and, with ``serialized``, ``single_file_bytes`` and ``double_file_bytes``.
+    """
+    import copy
+    import io
+    import math
+
+    from ..models import count_parameters, state_nbytes
+
+    single = DoubleChannel(backbone, channels=1)  # wraps without changing the backbone
+    double = DoubleChannel(copy.deepcopy(backbone), channels=2, head=head)  # replaces the copy's head
+    dtype = next(backbone.parameters()).dtype
+    out = {"single_bytes": state_nbytes(single), "double_bytes": state_nbytes(double),
+           "offset_bytes": math.prod(input_shape) * torch.finfo(dtype).bits // 8,
+           "single_parameters": count_parameters(single), "double_parameters": count_parameters(double)}
+    out["extra_bytes"] = out["double_bytes"] - out["single_bytes"] + out["offset_bytes"]
+    out["overhead"] = out["extra_bytes"] / out["single_bytes"]
+    if serialized:
+        for name, model in (("single", single), ("double", double)):
+            buffer = io.BytesIO()
+            torch.save(model.state_dict(), buffer)
+            out[f"{name}_file_bytes"] = buffer.tell()
+    return out
