@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from . import __version__
-from .algorithms import ALGORITHMS, Training
+from .algorithms import ALGORITHMS, NonFiniteLossError, Training
 from .augment import AUGMENTS
 from .data import DATASETS, federate, load_dataset
 from .data import partition as P
@@ -275,7 +275,7 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None)
 
 def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bool = True,
         checkpoint_every: int = 5, device: str | torch.device = "auto", progress: bool | None = None,
-        keep_state: bool = False) -> History:
+        keep_state: bool = False, on_diverge: str = "raise") -> History:
     """Run a federated experiment, or return its cached result.
 
     Parameters
@@ -288,7 +288,12 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     progress : show a progress bar (None: only on a terminal).
     keep_state : also keep the final state (models, offsets, client states) in the cache, for
         :func:`trained`; a cached result without it is run again.
+    on_diverge : "raise" (a NaN training loss raises :class:`NonFiniteLossError`) or "record": the run
+        ends there and its history, with NaN final metrics and ``meta["diverged"]`` saying where, is the
+        result (cached like any other: a divergence is deterministic).
     """
+    if on_diverge not in ("raise", "record"):
+        raise ValueError(f"on_diverge: unknown value {on_diverge!r}; allowed: raise, record")
     device = resolve_device(device)
     key = cache_key(config, device)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -302,26 +307,42 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
         state = SimulationState(**torch.load(ckpt_path, map_location=device, weights_only=False))
     resumed_from = 0 if state is None else state.next_round - 1
 
+    latest = {"state": state}
+
     def checkpoint(s: SimulationState) -> None:
+        latest["state"] = s
         done = s.next_round - 1
         if use_cache and checkpoint_every and done % checkpoint_every == 0 and done < config.num_rounds:
             _atomic_write(ckpt_path, lambda f: torch.save(dataclasses.asdict(s), f))
 
-    state = sim.run(state, on_round_end=checkpoint)
-    last = state.rows[-1]
+    diverged = None
+    try:
+        state = sim.run(state, on_round_end=checkpoint)
+    except NonFiniteLossError as err:
+        if on_diverge == "raise":
+            raise
+        diverged, state = str(err), latest["state"]
     fed = sim.federation
+    rows = state.rows if state is not None else []
+    if diverged is None:
+        last = rows[-1]
+        final = {k: last[k] for k in ("global_accuracy", "global_loss", "mean_client_accuracy", "client_accuracy")}
+    else:
+        nan = float("nan")
+        final = {"global_accuracy": nan, "global_loss": nan, "mean_client_accuracy": nan,
+                 "client_accuracy": [nan] * fed.num_clients}
     history = History(
         config=config.to_dict(),
-        rounds=state.rows,
-        final={"global_accuracy": last["global_accuracy"], "global_loss": last["global_loss"],
-               "mean_client_accuracy": last["mean_client_accuracy"], "client_accuracy": last["client_accuracy"]},
+        rounds=rows,
+        final=final,
         meta={"key": key, "device": device.type, "code_version": code_version(), "dh": fed.dh,
               "class_counts": fed.class_counts.tolist(), "seconds": time.perf_counter() - started,
-              "setup_bytes": list(state.setup_bytes), "resumed_from_round": resumed_from},
+              "setup_bytes": list(state.setup_bytes) if state is not None else [0, 0],
+              "resumed_from_round": resumed_from, "diverged": diverged},
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
     if use_cache:
-        if keep_state:
+        if keep_state and state is not None:
             _atomic_write(final_path, lambda f: torch.save(dataclasses.asdict(state), f))
         _atomic_write(result_path, lambda f: f.write(history.to_json().encode()))
         ckpt_path.unlink(missing_ok=True)
@@ -413,7 +434,8 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
     for label, runs in groups.items():
         acc = np.array([h.final["global_accuracy"] for h in runs], dtype=float)
         client = np.array([h.final["mean_client_accuracy"] for h in runs], dtype=float)
-        worst = [np.nanmin(np.array(h.final["client_accuracy"], dtype=float)) for h in runs]
+        clients = [np.array(h.final["client_accuracy"], dtype=float) for h in runs]
+        worst = [np.nanmin(a) if not np.isnan(a).all() else np.nan for a in clients]  # all NaN: diverged
         rows[label] = {"global_accuracy": acc.mean(), "global_accuracy_std": acc.std(),
                        "global_accuracy_min": acc.min(), "global_accuracy_max": acc.max(),
                        "mean_client_accuracy": client.mean(), "mean_client_accuracy_std": client.std(),
@@ -436,12 +458,14 @@ def sweep(configs: Iterable[RunConfig], backend: str = "local", max_workers: int
     backend : "local" (a process pool, one torch thread per worker, `max_workers` defaulting to the
         number of cores) or "ray" (tasks of one CPU each on the cluster at $RAY_ADDRESS, or a local
         Ray instance when none is set).
-    run_kwargs : passed to :func:`run` (cache_dir, device, ...). Cached results are not re-run.
+    run_kwargs : passed to :func:`run` (cache_dir, device, ...). Cached results are not re-run. A run
+        that diverges is recorded with NaN metrics (``on_diverge="record"``) unless told otherwise.
     """
     configs = list(configs)
     if backend not in ("local", "ray"):
         raise ValueError(f"backend: unknown value {backend!r}; allowed: local, ray")
     run_kwargs.setdefault("progress", False)
+    run_kwargs.setdefault("on_diverge", "record")  # one diverging run must not sink the sweep
     if backend == "ray":
         import ray
 

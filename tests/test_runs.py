@@ -13,6 +13,8 @@ import torch
 
 from fedlab_core import RunConfig, run, sweep
 from fedlab_core import runs as runs_module
+from fedlab_core.runs import summarize
+import numpy as np
 from fedlab_core.data import DATASETS, load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,3 +230,20 @@ def test_trained_returns_the_final_models_and_keeps_them(tiny, tmp_path):
     z, y, c = client_features(sim, state, per_client=5)
     assert z.shape == (20, 2 * 64) and c.tolist() == sum(([k] * 5 for k in range(4)), [])
     assert torch.equal(y, torch.cat([d.y_test[:5] for d in sim.federation.clients]))
+
+
+def test_a_diverging_run_raises_or_is_recorded_with_where_it_stopped(tiny, tmp_path):
+    from fedlab_core.algorithms import NonFiniteLossError
+
+    config = tiny.replace(lr=1e20, num_rounds=4)
+    with pytest.raises(NonFiniteLossError, match="round 1"):
+        run(config, cache_dir=tmp_path, progress=False)
+    history = run(config, cache_dir=tmp_path, progress=False, on_diverge="record")
+    assert "non-finite training loss" in history.meta["diverged"]
+    assert history.final["global_accuracy"] is None and history.rounds == []  # JSON's form of NaN; no round finished
+    assert run(config, cache_dir=tmp_path, progress=False).meta["diverged"] == history.meta["diverged"]  # cached
+    summary = summarize({"lr 1e6": [history]})
+    assert np.isnan(summary.loc["lr 1e6", "global_accuracy"]) and np.isnan(summary.loc["lr 1e6", "worst_client_accuracy"])
+    assert run(tiny, cache_dir=tmp_path, progress=False).meta["diverged"] is None
+    with pytest.raises(ValueError, match="on_diverge"):
+        run(tiny, cache_dir=tmp_path, on_diverge="ignore")

@@ -21,8 +21,8 @@ one linear output layer per target parameter, here one ``Linear(100, P)`` whose 
 stacked (the same function and the same initialisation); embeddings ~ N(0, 1) (``nn.Embedding``).
 Server optimiser SGD lr 1e-2, momentum 0.9, weight decay 1e-3 (or Adam lr 1e-2, no decay), the
 hypernetwork gradient clipped to norm 50. Client: 50 local steps of batch 64, SGD lr 5e-3, momentum 0.9,
-weight decay 5e-5 (the ``Training`` used when none is given). The code also clips the client's gradient
-to norm 50; here the client trains with the shared ``Training`` loop, which does not clip.
+weight decay 5e-5 (the ``Training`` used when none is given). The client's gradient is clipped to norm
+50 as in the code (``client_grad_clip``); without it, one-class clients at lr 0.05 diverged here.
 
 The output layer has ``100 x P`` weights: fine for the paper's small CNNs, the MLP and LeNet-5, but
 for large target models (the FedBN digit CNN, AlexNet) it is the method's known memory cost.
@@ -83,13 +83,15 @@ class PFedHN(Algorithm):
     server_lr, server_momentum, server_weight_decay : the server optimiser's settings (momentum and
         weight decay are SGD's).
     grad_clip : clip the hypernetwork gradient to this norm (0: no clipping).
+    client_grad_clip : clip the client's gradient to this norm in every local step (0: no clipping).
     """
 
     name = "pfedhn"
 
     def __init__(self, training: Training | None = None, embed_dim: int = 0, hidden_dim: int = 100,
                  hn_layers: int = 3, server_optimizer: str = "sgd", server_lr: float = 1e-2,
-                 server_momentum: float = 0.9, server_weight_decay: float = 1e-3, grad_clip: float = 50.0):
+                 server_momentum: float = 0.9, server_weight_decay: float = 1e-3, grad_clip: float = 50.0,
+                 client_grad_clip: float = 50.0):
         super().__init__(training or Training(local_steps=50, batch_size=64, lr=5e-3, momentum=0.9,
                                               weight_decay=5e-5))
         if server_optimizer not in ("sgd", "adam"):
@@ -97,7 +99,7 @@ class PFedHN(Algorithm):
         self.embed_dim, self.hidden_dim, self.hn_layers = embed_dim, hidden_dim, hn_layers
         self.server_optimizer, self.server_lr = server_optimizer, server_lr
         self.server_momentum, self.server_weight_decay = server_momentum, server_weight_decay
-        self.grad_clip = grad_clip
+        self.grad_clip, self.client_grad_clip = grad_clip, client_grad_clip
 
     # ------------------------------------------------------------------ protocol
 
@@ -165,6 +167,10 @@ class PFedHN(Algorithm):
         return self.model(x)
 
     # ------------------------------------------------------------------ building blocks
+
+    def before_step(self, client_state: dict[str, Any]) -> None:
+        if self.client_grad_clip:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.client_grad_clip)
 
     @torch.no_grad()
     def generate(self, server_state: dict[str, Any], cid: int | None) -> torch.Tensor:
