@@ -4,7 +4,8 @@ from .base import Augment
 from .fedmix import FedMix
 from .mixup import Mixup
 from .normalize import Normalize
+from .ot_align import OTAlign
 
-AUGMENTS: dict[str, type[Augment]] = {cls.name: cls for cls in (Augment, Mixup, AdvProp, FedMix, Normalize)}
+AUGMENTS: dict[str, type[Augment]] = {cls.name: cls for cls in (Augment, Mixup, AdvProp, FedMix, Normalize, OTAlign)}
 
-__all__ = ["AUGMENTS", "AdvProp", "Augment", "FedMix", "Mixup", "Normalize"]
+__all__ = ["AUGMENTS", "AdvProp", "Augment", "FedMix", "Mixup", "Normalize", "OTAlign"]
