@@ -151,3 +151,13 @@ def test_subset_of_domains(base):
     out = make_domains(base, domains=["colour", "mnistm"], seed=0, samples_per_domain=100)
     assert out.domains == ["colour", "mnistm"]
     assert torch.equal(torch.bincount(out.domain_train), torch.tensor([100, 100]))
+
+
+def test_a_domain_dataset_can_be_split_by_label_and_then_names_no_client_domain():
+    from fedlab_core.data import federate, load_dataset
+
+    data = load_dataset("fashion_mnist_domains", samples_per_domain=40, test_per_domain=20)
+    fed = federate(data, "iid", 4, seed=0)
+    assert sum(c.num_train for c in fed.clients) == len(data.y_train)
+    assert all(c.domain is None for c in fed.clients)
+    assert [c.domain for c in federate(data, "domain", 5, seed=0).clients] == list(data.domains)

@@ -1,10 +1,11 @@
 """The augmentation protocol: data-level plug-ins that compose with any algorithm.
 
-An augmentation may (0) change the model before training (AdvProp's auxiliary batch norm); (1) run a set-up exchange before training (FedRDN's statistics, OT alignment's
-barycenters), returning the messages it sent so the engine counts their bytes, and may transform the
-federation's data; (2) transform each training mini-batch (mixup, AdvProp, FedRDN); (3) transform
-evaluation inputs per client (FedRDN's own statistics, OT's per-client projection). The base class
-does nothing, which is the "none" augmentation.
+An augmentation may (0) change the model before training (AdvProp's auxiliary batch norm); (1) run a
+set-up exchange before training (FedRDN's statistics, OT alignment's barycenters), returning the
+messages it sent so the engine counts their bytes, and may transform the federation's data (OT
+alignment maps every client's train and test images there, once); (2) transform each training
+mini-batch (mixup, AdvProp, FedRDN); (3) transform evaluation inputs per client (FedRDN's own
+statistics). The base class does nothing, which is the "none" augmentation.
 """
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def federate(data: Dataset, scheme: str, num_clients: int, seed: int, **options)
 
     def client(i: int) -> ClientData:
         tr, te = torch.as_tensor(train_parts[i]), torch.as_tensor(test_parts[i])
-        dom = names[int(groups_train[train_parts[i][0]])] if names and len(train_parts[i]) else None
+        # a client's domain is named only when the split is by domain (a label split mixes domains)
+        dom = names[int(groups_train[train_parts[i][0]])] if groups_train is not None and names and len(train_parts[i]) else None
         return ClientData(data.x_train[tr], data.y_train[tr], data.x_test[te], data.y_test[te], i, dom)
 
     return Federation(
