@@ -150,6 +150,21 @@ def test_smoke_distrans_headline_numbers(smoke_book):
     assert glue["gap_100%"] <= glue["distrans_dh100"] - glue["fedaws_dh100"] + 1e-9
 
 
+def test_smoke_distrans_ablations_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "distrans_ablations.ipynb")
+    params = book.profile_parameters(PROFILES, "distrans_ablations", "smoke")
+    # Table 7 from the real modules: the wider logits layer and the 3x64x64 offset, in float32 bytes
+    assert glue["resnet18_delta_bytes"] == 512 * 10 * 4 and glue["resnet50_delta_bytes"] == 2048 * 10 * 4
+    assert glue["offset_bytes_64"] == 3 * 64 * 64 * 4
+    assert glue["measured_offset_bytes"] == glue["own_offset_bytes"]   # the engine's count equals the offset's size
+    assert 0 < glue["overhead_min"] <= glue["overhead_max"] < 0.05
+    assert glue["num_levels"] == len(params["DH_VALUES"]) + 1
+    assert 0 <= glue["double_wins"] <= glue["num_levels"]
+    assert glue["best_alpha_dh0"] in params["ALPHAS"] and glue["best_epochs"] in params["LOCAL_EPOCHS"]
+    for name in ("distrans_sampled", "fedavg_sampled", "distrans_best_most_clients", "fedavg_best_most_clients"):
+        assert 0.0 <= glue[name] <= 1.0
+
+
 def test_book_pages_and_status_page_are_built(smoke_book):
     book_dir, html = smoke_book
     for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/baselines",
