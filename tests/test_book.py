@@ -158,6 +158,11 @@ def test_smoke_distrans_ablations_headline_numbers(smoke_book):
     assert glue["offset_bytes_64"] == 3 * 64 * 64 * 4
     assert glue["measured_offset_bytes"] == glue["own_offset_bytes"]   # the engine's count equals the offset's size
     assert 0 < glue["overhead_min"] <= glue["overhead_max"] < 0.05
+    assert glue["paper_offset_header"] == 128            # the paper's offset bytes are a .npy file
+    assert glue["resnet50_counter_bytes"] == 53 * 8      # its ResNet-50 bytes include int64 batch-norm counters
+    assert glue["own_offset_bytes"] == 28 * 28 * 4       # a Fashion-MNIST offset in float32
+    assert glue["scale_dh"] == pytest.approx(params["TARGET_DH"]) and glue["scale_classes"] == 5
+    assert glue["paper_default_mismatches"] == 1         # Bird-200 at DH 60% in the paper's Table 4
     assert glue["num_levels"] == len(params["DH_VALUES"]) + 1
     assert 0 <= glue["double_wins"] <= glue["num_levels"]
     assert glue["best_alpha_dh0"] in params["ALPHAS"] and glue["best_epochs"] in params["LOCAL_EPOCHS"]
