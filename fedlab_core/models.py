@@ -180,7 +180,33 @@ class AlexNetBN(nn.Module):
         return self.head(self.features(x))  # (B, num_classes)
 
 
-class ResNet18(nn.Module):
+class _ResNet(nn.Module):
+    """A torchvision ResNet split into ``features`` (through global average pooling) and ``head``.
+
+    The stem is rebuilt for ``in_channels`` other than 3; any input size works (global pooling).
+    """
+
+    def __init__(self, net: nn.Module, in_channels: int):
+        super().__init__()
+        if in_channels != 3:
+            net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
+        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
+        self.avgpool = net.avgpool
+        self.feature_dim = net.fc.in_features  # 512 (ResNet-18) or 2048 (ResNet-50)
+        self.head = net.fc
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (B, 64, 56, 56) for 224x224
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))  # (B, feature_dim, 7, 7)
+        return torch.flatten(self.avgpool(x), 1)  # (B, feature_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
+class ResNet18(_ResNet):
     """ResNet-18 (He et al. 2016) from torchvision, optionally loading pretrained weights from a local file."""
 
     def __init__(
@@ -190,59 +216,17 @@ class ResNet18(nn.Module):
         image_size: int = 224,  # unused: global average pooling handles any size
         weights_path: str | Path | None = None,
     ):
-        super().__init__()
         net = torchvision.models.resnet18(weights=None, num_classes=num_classes)
-        if in_channels != 3:
-            net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-        if weights_path is not None:
+        super().__init__(net, in_channels)
+        if weights_path is not None:  # net's modules are this model's, so loading into net loads here
             _load_resnet18_weights(net, Path(weights_path), in_channels)
-        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
-        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
-        self.avgpool = net.avgpool
-        self.feature_dim = net.fc.in_features  # 512
-        self.head = net.fc
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (B, 64, 56, 56) for 224x224
-        x = self.layer1(x)  # (B, 64, 56, 56)
-        x = self.layer2(x)  # (B, 128, 28, 28)
-        x = self.layer3(x)  # (B, 256, 14, 14)
-        x = self.layer4(x)  # (B, 512, 7, 7)
-        x = self.avgpool(x)  # (B, 512, 1, 1)
-        x = torch.flatten(x, 1)  # (B, 512)
-        return x
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))  # (B, num_classes)
 
 
-class ResNet50(nn.Module):
+class ResNet50(_ResNet):
     """ResNet-50 (He et al. 2016) from torchvision: bottleneck blocks, 2048 features; no pretrained weights."""
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 224):  # size unused, as ResNet18
-        super().__init__()
-        net = torchvision.models.resnet50(weights=None, num_classes=num_classes)
-        if in_channels != 3:
-            net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-        self.conv1, self.bn1, self.relu, self.maxpool = net.conv1, net.bn1, net.relu, net.maxpool
-        self.layer1, self.layer2, self.layer3, self.layer4 = net.layer1, net.layer2, net.layer3, net.layer4
-        self.avgpool = net.avgpool
-        self.feature_dim = net.fc.in_features  # 2048
-        self.head = net.fc
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))  # (B, 64, 56, 56) for 224x224
-        x = self.layer1(x)  # (B, 256, 56, 56)
-        x = self.layer2(x)  # (B, 512, 28, 28)
-        x = self.layer3(x)  # (B, 1024, 14, 14)
-        x = self.layer4(x)  # (B, 2048, 7, 7)
-        x = self.avgpool(x)  # (B, 2048, 1, 1)
-        return torch.flatten(x, 1)  # (B, 2048)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))  # (B, num_classes)
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 224):  # size unused
+        super().__init__(torchvision.models.resnet50(weights=None, num_classes=num_classes), in_channels)
 
 
 def _load_resnet18_weights(net: nn.Module, path: Path, in_channels: int) -> None:
