@@ -10,6 +10,7 @@ checkpoint ends with exactly the numbers of an uninterrupted one.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -203,6 +204,38 @@ class Simulation:
             correct += (logits.argmax(1) == yb).sum().item()
             loss += F.cross_entropy(logits, yb, reduction="sum").item()
         return correct, loss, len(y)
+
+    @torch.no_grad()
+    def _accuracy(self, model: torch.nn.Module, cid: int) -> float:
+        """Accuracy of a bare model on client `cid`'s test set, prepared as that client prepares it."""
+        data = self.federation.clients[cid]
+        correct = 0
+        for s in range(0, len(data.y_test), self.eval_batch_size):
+            xb = self.augment.eval_input(data.x_test[s:s + self.eval_batch_size], cid)
+            correct += (model(xb).argmax(1) == data.y_test[s:s + self.eval_batch_size]).sum().item()
+        return correct / max(len(data.y_test), 1)
+
+    def cross_site_accuracy(self, state: SimulationState) -> np.ndarray:
+        """Cross-site generalisation of the clients' local models: a (K, K) array, row i column j the
+        accuracy of client i's local model on client j's test set (inputs prepared as client j prepares
+        them, e.g. normalised with its own FedRDN statistics).
+
+        Client i's local model is what one more round of local training from `state` gives it (on that
+        round's stream, so the numbers are deterministic); `state` itself is left unchanged.
+        """
+        k, r = self.federation.num_clients, state.next_round
+        acc = np.full((k, k), np.nan)
+        for i in range(k):
+            seed = derive_seed(self.seed, r, i)
+            self._seed_global_streams(seed)
+            client_state = copy.deepcopy(state.clients[i])
+            self.algorithm.local_update(self.algorithm.server_message(state.server, i), client_state,
+                                        self.federation.clients[i], torch.Generator().manual_seed(seed))
+            self.algorithm.model.eval()
+            for j in range(k):
+                if len(self.federation.clients[j].y_test):
+                    acc[i, j] = self._accuracy(self.algorithm.model, j)
+        return acc
 
     def evaluate(self, state: SimulationState) -> dict[str, Any]:
         """`predict_global` on the global test set; each client's `predict` on its own test set."""

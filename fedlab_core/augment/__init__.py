@@ -2,10 +2,11 @@
 from .advprop import AdvProp
 from .base import Augment
 from .fedmix import FedMix
+from .fedrdn import FedRDN
 from .mixup import Mixup
 from .normalize import Normalize
 from .ot_align import OTAlign
 
-AUGMENTS: dict[str, type[Augment]] = {cls.name: cls for cls in (Augment, Mixup, AdvProp, FedMix, Normalize, OTAlign)}
+AUGMENTS: dict[str, type[Augment]] = {cls.name: cls for cls in (Augment, Mixup, AdvProp, FedMix, Normalize, OTAlign, FedRDN)}
 
-__all__ = ["AUGMENTS", "AdvProp", "Augment", "FedMix", "Mixup", "Normalize", "OTAlign"]
+__all__ = ["AUGMENTS", "AdvProp", "Augment", "FedMix", "FedRDN", "Mixup", "Normalize", "OTAlign"]
