@@ -6,12 +6,12 @@ No backend is chosen here; set ``MPLBACKEND=Agg`` for headless use.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from .data.base import Dataset
 
@@ -24,10 +24,17 @@ __all__ = [
     "bytes_per_round",
     "client_size_histogram",
     "results_heatmap",
+    "delta_heatmap",
     "class_separation",
     "embedding_scatter",
     "offset_grid",
     "umap_embedding",
+    "tsne_embedding",
+    "channel_distributions",
+    "image_panels",
+    "image_grid",
+    "fit_power_law",
+    "scaling_plot",
 ]
 
 _MAX_TICK_LABELS = 20
@@ -203,6 +210,31 @@ def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: s
     return fig
 
 
+def delta_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:+.1f}",
+                  limit: float | None = None, ax=None):
+    """Signed changes (rows x columns, e.g. algorithms x augmentations: gain over a baseline) as an
+    annotated heatmap on a diverging scale centred at zero: gains blue, losses red, no change white.
+
+    limit : the colour scale spans [-limit, limit]; None: the largest absolute value. NaN cells stay blank.
+    """
+    m = values.to_numpy(dtype=float)
+    finite = np.abs(m[np.isfinite(m)])
+    if limit is None:
+        limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    fig, ax = _fig_ax(ax, figsize=(1.2 * m.shape[1] + 2.5, 0.38 * m.shape[0] + 1.2))
+    im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="RdBu", vmin=-limit, vmax=limit)
+    fig.colorbar(im, ax=ax)
+    ax.set_xticks(range(m.shape[1]), [str(c) for c in values.columns], rotation=30, ha="right")
+    ax.set_yticks(range(m.shape[0]), [str(r) for r in values.index])
+    for (i, j), v in np.ndenumerate(m):
+        if np.isfinite(v):  # dark cells (far from zero) get white text
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                    color="white" if abs(v) > 0.6 * limit else "black")
+    if title:
+        ax.set_title(title)
+    return fig
+
+
 def class_separation(points: np.ndarray, labels: np.ndarray) -> float:
     """Silhouette score of points (n, d) grouped by label: 1 separated, 0 overlapping, < 0 mixed up."""
     from sklearn.metrics import silhouette_score
@@ -262,3 +294,195 @@ def umap_embedding(z: np.ndarray, seed: int = 0, n_neighbors: int = 15, min_dist
 
         reducer = umap.UMAP(n_neighbors=n_neighbors, min_dist=min_dist, random_state=seed, n_jobs=1)
         return reducer.fit_transform(np.asarray(z))
+
+
+def tsne_embedding(z: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
+    """t-SNE (scikit-learn's ``TSNE``, PCA start) of representations (n, D) to (n, 2), deterministic for a
+    seed (single-threaded). ``perplexity`` is lowered to (n - 1) / 3 for small n, which t-SNE needs."""
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
+
+    z = np.asarray(z, dtype=np.float32)
+    if z.ndim != 2 or len(z) < 4:
+        raise ValueError(f"tsne_embedding needs at least 4 points of shape (n, D), got {z.shape}")
+    perplexity = min(perplexity, (len(z) - 1) / 3)
+    with threadpool_limits(1):  # one thread: the same layout on any machine, and no oversubscription
+        return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(z)
+
+
+# ------------------------------------------------------------------------- distributions, image panels, scaling
+
+def channel_distributions(rows: Mapping[str, np.ndarray], support=None, labels=None, channel_names=None,
+                          targets: Mapping[str, np.ndarray] | None = None, log: bool = False,
+                          xlabel: str = "intensity"):
+    """Per-channel distributions of several groups overlaid, one row of panels per entry of ``rows``.
+
+    Parameters
+    ----------
+    rows : ``{row title: (K, C, B) array}``: K groups (e.g. clients), C channels, B levels; every entry
+        has the same C and B.
+    support : (B,) x values of the levels; None: B equally spaced values in [0, 1].
+    labels : K names of the groups (one legend, right of the first row); None: "0", "1", ...
+    channel_names : C panel titles; None: "R", "G", "B" for 3 channels, "channel 0", ... otherwise.
+    targets : ``{row title: (C, B)}``: a distribution drawn over that row's groups as a thick black line.
+    log : log-scaled y axis (masses spread over orders of magnitude, e.g. a dark background), showing
+        four decades below the largest mass in each panel.
+
+    Returns a figure with ``len(rows) x C`` axes; each axes holds K lines, plus one for its row's target.
+    """
+    arrays = {title: np.asarray(v, dtype=float) for title, v in rows.items()}
+    k, c, b = next(iter(arrays.values())).shape
+    x = np.linspace(0.0, 1.0, b) if support is None else np.asarray(support, dtype=float)
+    labels = [str(i) for i in range(k)] if labels is None else [str(name) for name in labels]
+    if channel_names is None:
+        channel_names = ["R", "G", "B"] if c == 3 else [f"channel {i}" for i in range(c)]
+    targets = {title: np.asarray(v, dtype=float) for title, v in (targets or {}).items()}
+    fig, axes = plt.subplots(len(arrays), c, figsize=(3.6 * c + 0.6, 2.3 * len(arrays) + 0.4),
+                             layout="constrained", squeeze=False, sharex=True)
+    colours = plt.get_cmap("tab10" if k <= 10 else "tab20")
+    for r, (title, values) in enumerate(arrays.items()):
+        if values.shape != (k, c, b):
+            raise ValueError(f"row {title!r} has shape {values.shape}, expected {(k, c, b)}")
+        for ch in range(c):
+            ax = axes[r, ch]
+            for i in range(k):
+                ax.plot(x, values[i, ch], color=colours(i % colours.N), linewidth=1.0, alpha=0.85, label=labels[i])
+            if title in targets:
+                ax.plot(x, targets[title][ch], color="k", linewidth=2.2, label="target")
+            if log:
+                top = max(values[:, ch].max(), targets[title][ch].max() if title in targets else 0.0)
+                ax.set_yscale("log")
+                ax.set_ylim(top * 1e-4, top * 2)
+            ax.set_title(f"{title}: {channel_names[ch]}" if c > 1 else title, fontsize=9)
+        axes[r, 0].set_ylabel("mass")
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    handles = axes[0, 0].get_lines()[:k]
+    if targets:  # the legend names the target even when the first row has none
+        handles = [*handles, plt.Line2D([], [], color="k", linewidth=2.2, label="target")]
+    axes[0, -1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return fig
+
+
+def image_panels(panels: Mapping[str, Sequence[torch.Tensor]], row_labels: Sequence[str] | None = None,
+                 per_row: int = 4, pad: int = 2):
+    """Images side by side in titled panels (e.g. before and after a transform), one row per group.
+
+    Parameters
+    ----------
+    panels : ``{panel title: [row 0 images (n, C, H, W), row 1 images, ...]}``; every panel has the same
+        rows. Values are shown on the fixed scale [0, 1] (clipped), so a transform that shrinks the
+        intensities shows as a dark panel.
+    row_labels : one label per row (e.g. the clients' domains); None: "0", "1", ...
+    per_row : images shown per row (the first ones); shorter rows leave white space.
+    pad : white pixels between images.
+
+    Returns a figure with one axes per panel, each showing one mosaic image.
+    """
+    titles = list(panels)
+    n_rows = len(panels[titles[0]])
+    row_labels = [str(i) for i in range(n_rows)] if row_labels is None else [str(r) for r in row_labels]
+    c, h, w = panels[titles[0]][0].shape[1:]
+    fig, axes = plt.subplots(1, len(titles), figsize=(len(titles) * (0.75 * per_row + 0.3) + 1.0, 0.75 * n_rows + 0.6),
+                             layout="constrained", squeeze=False)
+    for ax, title in zip(axes[0], titles):
+        rows = panels[title]
+        if len(rows) != n_rows:
+            raise ValueError(f"panel {title!r} has {len(rows)} rows, expected {n_rows}")
+        mosaic = np.ones((n_rows * (h + pad) - pad, per_row * (w + pad) - pad, c), dtype=np.float32)
+        for r, images in enumerate(rows):
+            for j, img in enumerate(images[:per_row]):
+                mosaic[r * (h + pad): r * (h + pad) + h, j * (w + pad): j * (w + pad) + w] = \
+                    img.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy()
+        ax.imshow(mosaic[..., 0] if c == 1 else mosaic, cmap="gray" if c == 1 else None, vmin=0, vmax=1)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([r * (h + pad) + h / 2 for r in range(n_rows)], row_labels if ax is axes[0, 0] else [])
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+    return fig
+
+
+def image_grid(images: Sequence[Sequence[torch.Tensor]], row_labels: Sequence[str] | None = None,
+               col_labels: Sequence[str] | None = None, value_range=(0.0, 1.0), size: float = 1.1):
+    """A table of images, e.g. one source image per row and one transform of it per column.
+
+    Parameters
+    ----------
+    images : rows of (C, H, W) tensors (C = 1 or 3), every row of the same length.
+    row_labels, col_labels : labels on the left of each row and above each column; None: none.
+    value_range : ``(low, high)`` shown as black and white, values beyond clipped; one pair for every
+        column, or a list of pairs, one per column (standardised images need e.g. ``(-2.5, 2.5)``,
+        raw images ``(0, 1)``). Every image of a column shares its scale, so shifts show.
+    size : inches per image.
+
+    Returns a figure with one axes per image, in row-major order.
+    """
+    n_rows, n_cols = len(images), len(images[0])
+    if any(len(row) != n_cols for row in images):
+        raise ValueError(f"every row needs {n_cols} images, got rows of {[len(row) for row in images]}")
+    ranges = [tuple(value_range)] * n_cols if np.ndim(value_range) == 1 else [tuple(r) for r in value_range]
+    if len(ranges) != n_cols:
+        raise ValueError(f"value_range: expected one (low, high) pair or {n_cols}, got {len(ranges)}")
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(size * n_cols + 0.8, size * n_rows + 0.4),
+                             layout="constrained", squeeze=False)
+    for r, row in enumerate(images):
+        for j, img in enumerate(row):
+            low, high = ranges[j]
+            shown = ((img.detach().float().cpu() - low) / (high - low)).clamp(0, 1)  # (C, H, W) in [0, 1]
+            ax = axes[r, j]
+            ax.imshow(_as_image(shown), cmap="gray" if shown.shape[0] == 1 else None, vmin=0, vmax=1)
+            ax.set(xticks=[], yticks=[])
+            if r == 0 and col_labels is not None:
+                ax.set_title(str(col_labels[j]), fontsize=8)
+            if j == 0 and row_labels is not None:
+                ax.set_ylabel(str(row_labels[r]), fontsize=8)
+    return fig
+
+
+def fit_power_law(x, y) -> tuple[float, float]:
+    """Least-squares fit of ``y = a * x**k`` on log-log axes: returns ``(k, a)``; needs positive x, y."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.any(x <= 0) or np.any(y <= 0):
+        raise ValueError("fit_power_law needs at least two points with positive x and y")
+    k, log_a = np.polyfit(np.log(x), np.log(y), 1)
+    return float(k), float(np.exp(log_a))
+
+
+def scaling_plot(series: Mapping[str, tuple], claimed: float | None = None, ax=None, xlabel: str = "x",
+                 ylabel: str = "seconds", title: str | None = None, colors: Mapping[str, str] | None = None):
+    """Measured cost against a size on log-log axes, with fitted power laws and a claimed exponent.
+
+    Parameters
+    ----------
+    series : ``{label: (x values, y values)}``; each is drawn as points and its fitted power law
+        (:func:`fit_power_law`) as a line, the exponent in the legend.
+    claimed : an exponent claimed for this size (e.g. 2 for O(d^2)): a dashed grey line of that slope
+        through the first point of the first series.
+    colors : a colour per label, to keep a series' colour across panels; None: matplotlib's cycle.
+
+    The x ticks are the measured sizes. Returns the figure; ``ax.lines`` holds the fitted line of each
+    series in order, then the claimed slope.
+    """
+    fig, ax = _fig_ax(ax, figsize=(4.5, 3.5))
+    first, sizes = None, set()
+    for label, (x, y) in series.items():
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        k, a = fit_power_law(x, y)
+        points = ax.scatter(x, y, s=18, zorder=3, color=(colors or {}).get(label))
+        grid = np.geomspace(x.min(), x.max(), 50)
+        ax.plot(grid, a * grid ** k, color=points.get_facecolor()[0], label=f"{label}: slope {k:.2f}")
+        first = first or (x[0], y[0], x.max())
+        sizes.update(x.tolist())
+    if claimed is not None and first is not None:
+        x0, y0, x1 = first
+        grid = np.geomspace(x0, x1, 50)
+        ax.plot(grid, y0 * (grid / x0) ** claimed, color="grey", linestyle="--", label=f"claimed slope {claimed:g}")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel)
+    ax.set_xticks(sorted(sizes), [f"{v:g}" for v in sorted(sizes)], fontsize=7)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return fig
