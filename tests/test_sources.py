@@ -334,6 +334,17 @@ def test_missing_fashion_mnist_lists_every_path(tmp_path):
                                     str(tmp_path / "no-system-dir")]
 
 
+def test_missing_dataset_error_survives_pickling(tmp_path):
+    """A sweep's worker sends its exception back pickled; the user must still see the real message."""
+    import pickle
+
+    with pytest.raises(DatasetNotFoundError) as info:
+        sources.load_fashion_mnist(tmp_path)
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is DatasetNotFoundError and str(back) == str(info.value)
+    assert back.looked_in == info.value.looked_in and back.name == info.value.name
+
+
 def test_missing_mnist_m_names_both_routes(tmp_path):
     with pytest.raises(DatasetNotFoundError) as info:
         sources.load_mnist_m(tmp_path)

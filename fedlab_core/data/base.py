@@ -65,6 +65,11 @@ class DatasetNotFoundError(FileNotFoundError):
         )
         self.name = name
         self.looked_in = [str(p) for p in looked_in]
+        self.how_to_get = how_to_get
+
+    def __reduce__(self):
+        """Rebuilt from its arguments, so the error survives the trip back from a sweep's worker process."""
+        return type(self), (self.name, self.looked_in, self.how_to_get)
 
 
 def data_root(root: str | Path | None = None) -> Path:
