@@ -190,30 +190,29 @@ class Simulation:
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def _score(self, state: SimulationState, cid: int | None,
+    def _score(self, predict: Callable[[torch.Tensor], torch.Tensor], cid: int | None,
                x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
-        """(correct, summed loss, count) of the algorithm's predictions on (x, y); cid None: global."""
+        """(correct, summed loss, count) of `predict`'s logits on (x, y), inputs prepared as client `cid`
+        prepares them (None: the global test set)."""
         correct = loss = 0.0
         for s in range(0, len(y), self.eval_batch_size):
             xb, yb = x[s:s + self.eval_batch_size], y[s:s + self.eval_batch_size]
-            xb = self.augment.eval_input(xb, cid)
-            if cid is None:
-                logits = self.algorithm.predict_global(state.server, state.clients, xb)
-            else:
-                logits = self.algorithm.predict(state.server, state.clients[cid], xb)
+            logits = predict(self.augment.eval_input(xb, cid))
             correct += (logits.argmax(1) == yb).sum().item()
             loss += F.cross_entropy(logits, yb, reduction="sum").item()
         return correct, loss, len(y)
 
-    @torch.no_grad()
-    def _accuracy(self, model: torch.nn.Module, cid: int) -> float:
-        """Accuracy of a bare model on client `cid`'s test set, prepared as that client prepares it."""
-        data = self.federation.clients[cid]
-        correct = 0
-        for s in range(0, len(data.y_test), self.eval_batch_size):
-            xb = self.augment.eval_input(data.x_test[s:s + self.eval_batch_size], cid)
-            correct += (model(xb).argmax(1) == data.y_test[s:s + self.eval_batch_size]).sum().item()
-        return correct / max(len(data.y_test), 1)
+    def _predictor(self, state: SimulationState, cid: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The algorithm's logits as evaluation uses them: client `cid`'s `predict`, or `predict_global`."""
+        if cid is None:
+            return lambda xb: self.algorithm.predict_global(state.server, state.clients, xb)
+        return lambda xb: self.algorithm.predict(state.server, state.clients[cid], xb)
+
+    def accuracy(self, state: SimulationState, x: torch.Tensor, y: torch.Tensor, cid: int | None = None) -> float:
+        """Accuracy on any images (x, y), predicted and prepared exactly as evaluation does for client `cid`
+        (None: the global view), e.g. on training images or a transformed test set."""
+        correct, _, n = self._score(self._predictor(state, cid), cid, x, y)
+        return correct / max(n, 1)
 
     def cross_site_accuracy(self, state: SimulationState) -> np.ndarray:
         """Cross-site generalisation of the clients' local models: a (K, K) array, row i column j the
@@ -232,19 +231,20 @@ class Simulation:
             self.algorithm.local_update(self.algorithm.server_message(state.server, i), client_state,
                                         self.federation.clients[i], torch.Generator().manual_seed(seed))
             self.algorithm.model.eval()
-            for j in range(k):
-                if len(self.federation.clients[j].y_test):
-                    acc[i, j] = self._accuracy(self.algorithm.model, j)
+            for j, data in enumerate(self.federation.clients):
+                if len(data.y_test):
+                    correct, _, n = self._score(self.algorithm.model, j, data.x_test, data.y_test)
+                    acc[i, j] = correct / n
         return acc
 
     def evaluate(self, state: SimulationState) -> dict[str, Any]:
         """`predict_global` on the global test set; each client's `predict` on its own test set."""
         fed = self.federation
-        correct, loss, n = self._score(state, None, fed.x_test, fed.y_test)
+        correct, loss, n = self._score(self._predictor(state, None), None, fed.x_test, fed.y_test)
         per_client = []
         for cid, data in enumerate(fed.clients):
             if len(data.y_test):
-                c, _, m = self._score(state, cid, data.x_test, data.y_test)
+                c, _, m = self._score(self._predictor(state, cid), cid, data.x_test, data.y_test)
                 per_client.append(c / m)
             else:
                 per_client.append(math.nan)

@@ -194,20 +194,28 @@ def client_size_histogram(class_counts: np.ndarray, ax=None):
     return fig
 
 
-def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:.2f}", ax=None):
-    """A table of numbers (rows x columns, e.g. algorithms x settings) as an annotated heatmap."""
+def _annotated_heatmap(values: "pandas.DataFrame", fmt: str, title: str | None, ax, dark, blank_nan: bool,
+                       **imshow):
+    """The shared layout of the heatmaps: cells coloured by value, each labelled with ``fmt``, white text
+    where ``dark(value)``; NaN cells unlabelled when ``blank_nan``."""
     m = values.to_numpy(dtype=float)
     fig, ax = _fig_ax(ax, figsize=(1.2 * m.shape[1] + 2.5, 0.38 * m.shape[0] + 1.2))
-    im = ax.imshow(m, aspect="auto", cmap="viridis")
+    im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", **imshow)
     fig.colorbar(im, ax=ax)
     ax.set_xticks(range(m.shape[1]), [str(c) for c in values.columns], rotation=30, ha="right")
     ax.set_yticks(range(m.shape[0]), [str(r) for r in values.index])
-    mid = np.nanmean(m)
     for (i, j), v in np.ndenumerate(m):
-        ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if v < mid else "black")
+        if np.isfinite(v) or not blank_nan:
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if dark(v) else "black")
     if title:
         ax.set_title(title)
     return fig
+
+
+def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:.2f}", ax=None):
+    """A table of numbers (rows x columns, e.g. algorithms x settings) as an annotated heatmap."""
+    mid = np.nanmean(values.to_numpy(dtype=float))
+    return _annotated_heatmap(values, fmt, title, ax, lambda v: v < mid, blank_nan=False, cmap="viridis")
 
 
 def delta_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:+.1f}",
@@ -221,18 +229,8 @@ def delta_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str
     finite = np.abs(m[np.isfinite(m)])
     if limit is None:
         limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-    fig, ax = _fig_ax(ax, figsize=(1.2 * m.shape[1] + 2.5, 0.38 * m.shape[0] + 1.2))
-    im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap="RdBu", vmin=-limit, vmax=limit)
-    fig.colorbar(im, ax=ax)
-    ax.set_xticks(range(m.shape[1]), [str(c) for c in values.columns], rotation=30, ha="right")
-    ax.set_yticks(range(m.shape[0]), [str(r) for r in values.index])
-    for (i, j), v in np.ndenumerate(m):
-        if np.isfinite(v):  # dark cells (far from zero) get white text
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
-                    color="white" if abs(v) > 0.6 * limit else "black")
-    if title:
-        ax.set_title(title)
-    return fig
+    return _annotated_heatmap(values, fmt, title, ax, lambda v: abs(v) > 0.6 * limit, blank_nan=True,
+                              cmap="RdBu", vmin=-limit, vmax=limit)
 
 
 def class_separation(points: np.ndarray, labels: np.ndarray) -> float:

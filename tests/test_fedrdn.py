@@ -196,6 +196,12 @@ def test_fedavg_with_fedrdn_learns_digits_as_well_as_without(tiny):
 def test_cross_site_accuracy_matrix(tiny, tmp_path):
     config = tiny.replace(augment="fedrdn", partition="dirichlet", alpha=0.5, num_rounds=2)
     sim, state = trained(config, cache_dir=tmp_path, progress=False)
+    # scoring any images as evaluation does reproduces the run's recorded numbers
+    final = run(config, cache_dir=tmp_path, progress=False).final
+    fed = sim.federation
+    assert sim.accuracy(state, fed.x_test, fed.y_test) == pytest.approx(final["global_accuracy"])
+    assert [sim.accuracy(state, c.x_test, c.y_test, c.cid) for c in fed.clients] == pytest.approx(
+        final["client_accuracy"])
     before = {k: v.clone() for k, v in state.server.items() if torch.is_tensor(v)}
     acc = sim.cross_site_accuracy(state)
     again = sim.cross_site_accuracy(state)
