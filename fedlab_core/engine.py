@@ -192,6 +192,9 @@ class Simulation:
             "bytes_down": int(bytes_down),
             "train_seconds": time.perf_counter() - t0,
         }
+        for name in sorted({k for _, m in uploads for k in m.diagnostics}):  # e.g. DisTrans's offset_change
+            values = [float(m.diagnostics[name]) for _, m in uploads if name in m.diagnostics]
+            row[name] = sum(values) / len(values)  # the mean over the round's clients that reported it
         t1 = time.perf_counter()
         if r % self.eval_every == 0 or r == self.num_rounds:
             row.update(self.evaluate(state))

@@ -29,6 +29,7 @@ from . import __version__
 from .algorithms import ALGORITHMS, NonFiniteLossError, Training
 from .augment import AUGMENTS
 from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset
+from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .engine import INIT, Simulation, SimulationState, derive_seed
 from .models import MODELS, build_model, meta_model
@@ -86,6 +87,7 @@ class RunConfig:
     lr: float | None = None                         # local learning rate
     momentum: float | None = None                   # local SGD momentum
     weight_decay: float | None = None               # local L2 penalty
+    train_transform: str | None = None              # "flip_rotate": random flips and rotations of training images
     # evaluation and randomness
     eval_every: int = 1                             # evaluate every this many rounds (and after the last)
     seed: int = 0                                   # the run's seed: data split, model init, every client stream
@@ -133,7 +135,7 @@ FIELD_CONSTRAINTS = {
     "fraction": Range(0, 1, low_open=True),
     "clients_per_round": Range(0), "local_epochs": Range(1), "local_steps": Range(0), "batch_size": Range(1),
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
-    "eval_every": Range(1), "seed": Range(0),
+    "eval_every": Range(1), "seed": Range(0), "train_transform": OneOf(*TRAIN_TRANSFORMS),
 }
 
 

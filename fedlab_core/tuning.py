@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 GRID = (1 / 3, 1.0, 3.0, 10.0)   # factors of the paper's rate; 10x: the book trains for far fewer rounds
-SECOND_RATES = {"distrans": "offset_lr", "pfedhn": "server_lr"}  # a method's own second rate, tuned alongside
+# A method's own second rate, tuned alongside its lr: the parameter and the factors of its paper value tried.
+# DisTrans's paper offset rate (1e-3) moves an offset by about 1e-4 of its size in ten rounds at the book's
+# scale (an offset's gradient is that of a batch-mean loss with respect to one input, tiny per pixel), so
+# its offsets would stay the noise they start as; its grid spans four decades upwards instead.
+SECOND_RATES = {"distrans": ("offset_lr", (1.0, 1e2, 1e3, 1e4)), "pfedhn": ("server_lr", GRID)}
 VALIDATION = 0.2                  # the share of each client's training data held out for tuning
 METRIC = "mean_client_accuracy"   # every method has it: each client's own prediction rule on its own data
 
@@ -65,7 +69,7 @@ class Tuning:
             best = group[group["chosen"]].iloc[0]
             row = {"paper lr": best["lr"] / best["factor"], "chosen lr": best["lr"], "factor": best["factor"],
                    "validation": best["validation"]}
-            for name in SECOND_RATES.values():
+            for name, _ in SECOND_RATES.values():
                 if name in group and not pd.isna(best.get(name)):
                     row[f"chosen {name}"] = best[name]
             rows[method] = row
@@ -81,12 +85,13 @@ def _default(config: RunConfig, name: str) -> float:
 
 
 def candidates(config: RunConfig, grid=GRID) -> list[dict[str, float]]:
-    """The rates to try for the method of `config`: its paper rate (and second rate) times each factor."""
-    names = ["lr"] + ([SECOND_RATES[config.algorithm]] if config.algorithm in SECOND_RATES else [])
+    """The rates to try for the method of `config`: its paper rate times each factor of `grid`, paired with
+    its second rate's paper value times each of that rate's factors (:data:`SECOND_RATES`)."""
+    rates = [("lr", grid)] + ([SECOND_RATES[config.algorithm]] if config.algorithm in SECOND_RATES else [])
     out = [{}]
-    for name in names:
+    for name, factors in rates:
         paper = _default(config, name)
-        out = [{**c, name: paper * f} for c in out for f in grid]
+        out = [{**c, name: paper * f} for c in out for f in factors]
     return out
 
 
@@ -125,7 +130,7 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))))
         order = order.sort_values(["validation", "distance", "lr"], ascending=[False, True, True], na_position="last")
         best = order.iloc[0]
-        chosen[label] = {name: float(best[name]) for name in ("lr", *SECOND_RATES.values()) if name in group
+        chosen[label] = {name: float(best[name]) for name in ("lr", *(n for n, _ in SECOND_RATES.values())) if name in group
                          and not pd.isna(best[name])}
     grid_frame["chosen"] = [all(r[k] == chosen[r["method"]][k] for k in chosen[r["method"]]) for _, r in grid_frame.iterrows()]
     return Tuning(grid_frame, chosen, rounds, seed, validation)
@@ -211,13 +216,14 @@ def settings_table(configs: Mapping[Any, RunConfig], tuned: Mapping[Any, set[str
             return "/".join(sorted(kinds, key=["chapter", "tuned", "paper"].index))
 
         work = f"{t.local_steps} steps" if t.local_steps else f"{t.local_epochs} epoch{'s' * (t.local_epochs != 1)}"
+        transform = "" if t.train_transform == "none" else f", {t.train_transform.replace('_', ' and ')}"
         optimiser = t.optimizer + (f", momentum {t.momentum:g}" if t.momentum else "") + \
             (f", weight decay {t.weight_decay:g}" if t.weight_decay else "")
         params = ", ".join(f"{k}={v:g} ({'tuned' if k in from_tuning else 'chapter'})" if isinstance(v, float)
                            else f"{k}={v} (chapter)" for k, v in config.algorithm_params.items())
         rows[key] = {"lr": f"{t.lr:g} ({source('lr')})",
-                     "local work per round": f"{work}, batch {t.batch_size} "
-                                             f"({source('local_epochs', 'local_steps', 'batch_size')})",
+                     "local work per round": f"{work}, batch {t.batch_size}{transform} "
+                                             f"({source('local_epochs', 'local_steps', 'batch_size', 'train_transform')})",
                      "optimiser": f"{optimiser} ({source('optimizer', 'momentum', 'weight_decay')})",
                      "method parameters": params or "paper defaults"}
     return pd.DataFrame.from_dict(rows, orient="index")

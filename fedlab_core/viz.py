@@ -266,22 +266,43 @@ def _as_image(t: torch.Tensor) -> np.ndarray:
     return a[0] if a.shape[0] == 1 else np.transpose(a, (1, 2, 0))
 
 
-def offset_grid(offsets: list[torch.Tensor], examples: list[torch.Tensor], alpha: float):
-    """Per client: a training image x, its offset t, and the first input channel (1 - alpha) x + alpha t.
+def offset_grid(offsets: list[torch.Tensor], examples: list[torch.Tensor], alpha: float,
+                initial: list[torch.Tensor] | None = None):
+    """Per client: a training image x, (its initial offset t0,) its offset t, (what training changed, t - t0,)
+    and the first input channel (1 - alpha) x + alpha t.
 
-    Offsets are drawn on their own colour scale (they are not images and may leave [0, 1]); the shifted
+    Offsets are drawn on their own colour scale (they are not images and may leave [0, 1]); t0 and t share
+    one scale per client, so what moved shows; t - t0 is drawn on a scale symmetric about 0. The shifted
     inputs are clipped to [0, 1] for display only.
     """
     n = len(offsets)
-    fig, axes = plt.subplots(3, n, figsize=(1.3 * n, 4.2), layout="constrained", squeeze=False)
-    gray = dict(cmap="gray") if offsets[0].shape[0] == 1 else {}
+    names = ["image x"] + (["initial t0"] if initial else []) + ["offset t"] + (["t - t0"] if initial else []) \
+        + ["(1-a)x + a t"]
+    fig, axes = plt.subplots(len(names), n, figsize=(1.3 * n, 1.4 * len(names)), layout="constrained", squeeze=False)
+    grey = offsets[0].shape[0] == 1
+
+    def show(ax, t, low, high, cmap="coolwarm"):
+        if grey:
+            ax.imshow(_as_image(t), cmap=cmap, vmin=low, vmax=high)
+        else:  # RGB: the shared range mapped to [0, 1]
+            ax.imshow(_as_image(((t - low) / max(high - low, 1e-12)).clamp(0, 1)))
+
     for c, (t, x) in enumerate(zip(offsets, examples)):
-        axes[0, c].imshow(_as_image(x).clip(0, 1), vmin=0, vmax=1, **gray)
-        shown = t if t.shape[0] == 1 else (t - t.min()) / (t.max() - t.min()).clamp(min=1e-12)  # RGB: own range
-        axes[1, c].imshow(_as_image(shown), cmap="coolwarm" if t.shape[0] == 1 else None)
-        axes[2, c].imshow(_as_image((1 - alpha) * x + alpha * t).clip(0, 1), vmin=0, vmax=1, **gray)
+        rows = iter(axes[:, c])
+        next(rows).imshow(_as_image(x).clip(0, 1), vmin=0, vmax=1, **({"cmap": "gray"} if grey else {}))
+        both = [t] + ([initial[c]] if initial else [])
+        low, high = float(min(v.min() for v in both)), float(max(v.max() for v in both))
+        if initial:
+            show(next(rows), initial[c], low, high)
+        show(next(rows), t, low, high)
+        if initial:
+            delta = t - initial[c]
+            span = float(delta.abs().max()) or 1.0
+            show(next(rows), delta, -span, span, cmap="PuOr")
+        next(rows).imshow(_as_image((1 - alpha) * x + alpha * t).clip(0, 1), vmin=0, vmax=1,
+                          **({"cmap": "gray"} if grey else {}))
         axes[0, c].set_title(f"client {c}", fontsize=8)
-    for row, name in zip(axes, ("image x", "offset t", "(1-a)x + a t")):
+    for row, name in zip(axes, names):
         row[0].set_ylabel(name, fontsize=8)
         for ax in row:
             ax.set(xticks=[], yticks=[])

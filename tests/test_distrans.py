@@ -143,11 +143,58 @@ def test_the_offset_step_moves_only_the_offset_and_the_model_step_only_the_model
         moved_model = not torch.equal(algo.shared.get()[params], weights[params])
         moved_offset = not torch.equal(algo._offset.detach(), t0)
         assert (moved_model, moved_offset) == (lr > 0, offset_lr > 0)
-        # running statistics take one update per batch (the model step), whatever the offset step does
+        # running statistics take their updates in the model step only, one per channel
         first, second = shift(x, algo._offset.detach(), 0.3)
-        batch = algo.model.backbone.conv[0](torch.cat([first, second])) if lr == 0 else None
-        if batch is not None:
-            assert torch.allclose(bn.running_mean, 0.9 * stats + 0.1 * batch.mean((0, 2, 3)), atol=1e-5)
+        if lr == 0:
+            conv = algo.model.backbone.conv[0]
+            after_first = 0.9 * stats + 0.1 * conv(first).mean((0, 2, 3))
+            assert torch.allclose(bn.running_mean, 0.9 * after_first + 0.1 * conv(second).mean((0, 2, 3)),
+                                  atol=1e-5)
+
+
+def test_two_passes_normalise_each_channel_by_its_own_statistics_and_one_pass_by_both():
+    torch.manual_seed(0)
+    backbone = SmallCNN()
+    x, t = torch.rand(6, 1, 8, 8), torch.rand(1, 8, 8)
+    first, second = shift(x, t, 0.3)
+    two, one = DoubleChannel(copy.deepcopy(backbone)), DoubleChannel(copy.deepcopy(backbone), passes=1)
+    for model in (two, one):
+        model.train().offset = t
+    reference = copy.deepcopy(two.backbone).train()
+    by_channel = torch.cat([reference.features(first), reference.features(second)], 1)
+    assert torch.allclose(two.features(x), by_channel, atol=1e-5)
+    reference = copy.deepcopy(one.backbone).train()
+    together = torch.cat(reference.features(torch.cat([first, second])).chunk(2), 1)
+    assert torch.allclose(one.features(x), together, atol=1e-5)
+    assert not torch.allclose(two.features(x), one.features(x), atol=1e-3)  # the statistics differ
+    with pytest.raises(ValueError, match="passes"):
+        DoubleChannel(copy.deepcopy(backbone), passes=3)
+
+
+def test_server_mean_is_sample_weighted_unless_told_plain(iid):
+    uploads = [(0, Message({"weights": torch.tensor([1.0, 0.0])}, num_samples=1)),
+               (1, Message({"weights": torch.tensor([4.0, 3.0])}, num_samples=2))]
+    for weighted, expected in ((True, [3.0, 2.0]), (False, [2.5, 1.5])):
+        algo = DisTrans(aggregation="none", sample_weighted=weighted)
+        server, _ = _ready(algo, iid)
+        out = algo.aggregate({**server, "weights": torch.zeros(2)}, uploads, 1)
+        assert torch.allclose(out["weights"], torch.tensor(expected))
+
+
+def test_each_upload_reports_how_far_its_offset_moved_from_its_initial_noise(iid):
+    algo = DisTrans(Training(lr=0.05, batch_size=32), offset_lr=5.0, aggregation="none")
+    server, clients = _ready(algo, iid)
+    data = iid.clients[2]
+    initial = clients[2]["offset"].clone()
+    upload, state = algo.local_update(algo.server_message(server, 2), clients[2], data, torch.Generator())
+    change = float((state["offset"] - initial).norm() / initial.norm())
+    assert change > 0 and upload.diagnostics["offset_change"] == pytest.approx(change)
+    assert "offset_change" not in upload.metrics  # a diagnostic for the log: not counted as communication
+    # the run's log carries the round's mean
+    cfg = RunConfig(dataset="digits", partition="iid", num_clients=3, num_rounds=2, algorithm="distrans",
+                    algorithm_params={"offset_lr": 5.0}, max_train_samples=300, max_test_samples=100)
+    rows = run(cfg, use_cache=False, workers=1).rounds
+    assert all(r["offset_change"] > 0 for r in rows) and rows[1]["offset_change"] > rows[0]["offset_change"]
 
 
 # ----------------------------------------------------------------------------- prediction

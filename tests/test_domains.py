@@ -9,6 +9,7 @@ from fedlab_core.data.base import Dataset
 from fedlab_core.data.domains import (
     DEFAULT_DOMAINS,
     DOMAIN_TRANSFORMS,
+    TEN_DOMAINS,
     channel_stats,
     make_domains,
 )
@@ -161,3 +162,24 @@ def test_a_domain_dataset_can_be_split_by_label_and_then_names_no_client_domain(
     assert sum(c.num_train for c in fed.clients) == len(data.y_train)
     assert all(c.domain is None for c in fed.clients)
     assert [c.domain for c in federate(data, "domain", 5, seed=0).clients] == list(data.domains)
+
+
+def test_ten_domains_are_distinct_styles_of_the_same_images(base):
+    out = make_domains(base, domains=TEN_DOMAINS, seed=0, samples_per_domain=60, test_per_domain=20)
+    assert out.domains == list(TEN_DOMAINS) and len(set(TEN_DOMAINS)) == 10
+    assert torch.equal(torch.bincount(out.domain_train), torch.full((10,), 60))
+    x = base.x_train[:64]
+    styled = {name: DOMAIN_TRANSFORMS[name](x, torch.Generator().manual_seed(0)) for name in TEN_DOMAINS}
+    for name, img in styled.items():
+        assert img.shape == (64, 3, 28, 28) and img.min() >= 0 and img.max() <= 1, name
+    # every style is its own: pairwise, the domains' mean images differ
+    means = torch.stack([img.mean(0).flatten() for img in styled.values()])
+    gaps = torch.cdist(means, means) + torch.eye(10) * 1e3
+    assert gaps.min() > 0.5
+    # each keeps the object: the style's image correlates with the raw image (edges with its gradient)
+    for name in ("faded", "stripes", "posterised", "speckle"):
+        grey = styled[name].mean(1).flatten(1)
+        r = torch.corrcoef(torch.stack([grey.flatten(), x.flatten()]))[0, 1]
+        assert abs(r) > 0.5, (name, r)
+    assert float(styled["faded"].amax() - styled["faded"].amin()) <= 0.3 + 1e-6  # low contrast
+    assert len(torch.unique(styled["posterised"][:, 0])) <= 3  # three levels

@@ -11,7 +11,7 @@ from fedlab_core.algorithms import FedAvg
 from fedlab_core.augment import AUGMENTS, OTAlign
 from fedlab_core.augment.ot_align import (
     AlignmentCost, alignment_cost, barycenter_1d, channel_histograms, histogram_distance, intensity_support,
-    monotone_map, quantile_average, sinkhorn_map,
+    monotone_map, quantile_average, quantile_points, sinkhorn_map,
 )
 from fedlab_core.data import load_dataset
 from fedlab_core.data.federation import ClientData, Federation
@@ -199,7 +199,8 @@ def test_projection_onto_a_clients_own_barycenter_changes_its_images_little():
         assert (mixed.clients[0].x_train - x).abs().mean().item() > 0.2  # a shared target moves them far
 
 
-@pytest.mark.parametrize("variant,shape", [("sound", lambda c, p: (c, 256)), ("rgb", lambda c, p: (p, c)),
+@pytest.mark.parametrize("variant,shape", [("sound", lambda c, p: (c, 256)), ("channel", lambda c, p: (c, 256)),
+                                           ("joint", lambda c, p: (p, c)),
                                            ("paper-code", lambda c, p: (c, p))])
 @pytest.mark.parametrize("channels", [1, 3])
 def test_the_server_receives_only_barycenters_and_their_bytes_are_counted(variant, shape, channels):
@@ -229,7 +230,7 @@ def test_the_server_receives_only_barycenters_and_their_bytes_are_counted(varian
 
 def test_same_seed_same_output_and_the_seed_matters_where_pixels_are_sampled():
     fed, _ = _styled_federation(3, n=12)
-    for params in ({}, {"pixels": 30}, {"variant": "rgb", "pixels": 15, "num_iter": 20},
+    for params in ({}, {"pixels": 30}, {"variant": "joint", "pixels": 15, "num_iter": 20},
                    {"variant": "paper-code", "pixels": 15}):
         a, up_a, _ = OTAlign(**params).setup(fed, 3)
         b, up_b, _ = OTAlign(**params).setup(fed, 3)
@@ -269,7 +270,7 @@ def test_bad_parameters_and_inputs_raise_clear_errors():
                           ({"reg_map": -1.0}, "reg_map"), ({"tol": 0}, "tol"), ({"num_iter": 0}, "num_iter"),
                           ({"max_images": -1}, "max_images"), ({"cdf": "pooled"}, "cdf"),
                           ({"out_of_sample_map": "nearest"}, "out_of_sample_map"),
-                          ({"variant": "rgb", "solver": "exact"}, "sound variant"),
+                          ({"variant": "joint", "solver": "exact"}, "sound and channel variants"),
                           ({"variant": "paper-code", "cdf": "client"}, "sound variant")):
         with pytest.raises(ValueError, match=match):
             OTAlign(**params)
@@ -299,10 +300,37 @@ def test_sinkhorn_map_is_pinned_to_the_nearest_sample_map():
     assert not np.allclose(smooth[4:], out[4:], atol=1e-3)
 
 
-def test_paper_code_variant_erases_the_images_and_rgb_keeps_them():
+def test_quantile_points_stand_for_a_histogram_with_equal_weights():
+    support = torch.linspace(0, 1, 5)  # 0, .25, .5, .75, 1
+    hists = torch.tensor([[0.5, 0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0, 0.0]])
+    points = quantile_points(hists, support, 4)  # quantiles at 1/8, 3/8, 5/8, 7/8
+    assert torch.equal(points, torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]], dtype=torch.float64))
+
+
+def test_channel_variant_maps_each_channel_on_its_own_with_the_papers_entropic_map():
+    fed, _ = _styled_federation(3, n=10)
+    aug = OTAlign(variant="channel", pixels=40, num_iter=100)
+    assert (aug.pixels, aug.reg_map) == (40, 0.1)
+    aligned, _, _ = aug.setup(fed, 0)
+    x = fed.clients[0].x_train[:4]
+    one = aug.align(x, seed=5)
+    other = x.clone()
+    other[:, 1] = 1 - other[:, 1]  # change channel 1 only
+    two = aug.align(other, seed=5)
+    assert torch.allclose(one[:, 0], two[:, 0]) and torch.allclose(one[:, 2], two[:, 2])
+    assert not torch.allclose(one[:, 1], two[:, 1])
+    # the entropic map at reg 0.1 pulls values towards the target's mean: contrast shrinks, order stays
+    for i in range(4):
+        a, b = x[i, 0].flatten(), one[i, 0].flatten()
+        assert b.std() < a.std()
+        assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.9
+    assert OTAlign(variant="channel", solver="exact").solver == "exact"  # its barycenters are the sound ones
+
+
+def test_paper_code_variant_erases_the_images_and_joint_colour_keeps_them():
     fed, _ = _styled_federation(3, n=16)
     x = torch.cat([c.x_train for c in fed.clients])
-    for variant in ("paper-code", "rgb"):
+    for variant in ("paper-code", "joint"):
         aug = OTAlign(variant=variant, pixels=50, num_iter=30)
         aligned, _, _ = aug.setup(fed, 0)
         y = torch.cat([c.x_train for c in aligned.clients])

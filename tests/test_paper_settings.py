@@ -9,7 +9,7 @@ from fedlab_core.algorithms.fedaws import FedAwS, spreadout_step
 from fedlab_core.data import federate, hold_out, load_dataset
 from fedlab_core.models import MODELS, build_model, meta_model
 from fedlab_core.runs import build
-from fedlab_core.tuning import Tuning, candidates, settings_table, tune, tuned_configs
+from fedlab_core.tuning import SECOND_RATES, Tuning, candidates, settings_table, tune, tuned_configs
 
 CPU = torch.device("cpu")
 
@@ -111,8 +111,9 @@ def test_candidates_multiply_the_paper_rates_and_pair_a_second_rate():
     assert [c["lr"] for c in candidates(RunConfig(algorithm="fedprox"), grid=(1 / 3, 1, 3))] == \
         pytest.approx([0.01, 0.03, 0.09])
     pairs = candidates(RunConfig(algorithm="distrans"), grid=(1, 10))
-    assert pairs == [{"lr": 5e-3, "offset_lr": 1e-3}, {"lr": 5e-3, "offset_lr": 1e-2},
-                     {"lr": 5e-2, "offset_lr": 1e-3}, {"lr": 5e-2, "offset_lr": 1e-2}]
+    offsets = [1e-3 * f for f in SECOND_RATES["distrans"][1]]  # the offset rate's own factors
+    assert pairs == [{"lr": lr, "offset_lr": o} for lr in (5e-3, 5e-2) for o in offsets]
+    assert max(offsets) >= 1.0  # offsets that move at the book's scale are in reach (see tuning.SECOND_RATES)
 
 
 def test_tune_picks_the_best_validation_score_on_validation_data_only(tiny, tmp_path):

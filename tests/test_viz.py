@@ -137,3 +137,21 @@ def test_client_size_histogram():
     assert sum(heights) == 30
     fig2 = viz.client_size_histogram(counts.sum(1))
     assert [p.get_height() for p in fig2.axes[0].patches] == heights
+
+
+def test_offset_grid_shows_initial_and_learned_offsets_on_one_scale():
+    g = torch.Generator().manual_seed(0)
+    initial = [torch.rand(1, 6, 6, generator=g) for _ in range(3)]
+    learned = [t + 0.5 * torch.rand(1, 6, 6, generator=g) for t in initial]
+    examples = [torch.rand(1, 6, 6, generator=g) for _ in range(3)]
+    fig = viz.offset_grid(learned, examples, alpha=0.3, initial=initial)
+    axes = np.array(fig.axes).reshape(5, 3)
+    assert [axes[r, 0].get_ylabel() for r in range(5)] == ["image x", "initial t0", "offset t", "t - t0",
+                                                          "(1-a)x + a t"]
+    t0, t = axes[1, 0].images[0], axes[2, 0].images[0]
+    assert t0.get_clim() == t.get_clim()  # one scale: what moved shows
+    low, high = axes[3, 0].images[0].get_clim()
+    assert high > 0 and low == -high  # the change is drawn symmetrically about zero
+    np.testing.assert_allclose(axes[3, 0].images[0].get_array(), (learned[0] - initial[0])[0].numpy(), atol=1e-6)
+    plt.close(fig)
+    assert len(viz.offset_grid(learned, examples, alpha=0.3).axes) == 9  # without the initial offsets: 3 rows

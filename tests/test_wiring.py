@@ -51,6 +51,7 @@ CASES = {
     "lr": ({}, 0.05, {"algorithm"}),
     "momentum": ({}, 0.9, {"algorithm"}),
     "weight_decay": ({}, 0.01, {"algorithm"}),
+    "train_transform": ({}, "flip_rotate", {"algorithm"}),
     "eval_every": ({}, 2, {"schedule"}),
     "seed": ({}, 1, {"data", "model", "schedule"}),
 }

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.federation import ClientData, Federation
+from ..data.transforms import TRAIN_TRANSFORMS
 from ..params import Configurable
 
 
@@ -41,11 +42,14 @@ class Message:
     tensors : named tensors (weights, control variates, offsets, statistics).
     num_samples : the sender's training-set size, the aggregation weight (8 bytes when set).
     metrics : scalar training metrics such as the mean local loss (8 bytes each).
+    diagnostics : scalars for the run's log that a deployment would not send (DisTrans's offset_change);
+        not counted in the bytes. The engine logs each one's mean over the round's clients.
     """
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     num_samples: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -65,6 +69,7 @@ class Training:
     lr: float = 0.05            # local learning rate
     momentum: float = 0.0       # SGD momentum (reset every round)
     weight_decay: float = 0.0   # L2 penalty
+    train_transform: str = "none"  # random transform of every training batch (see fedlab_core.data.transforms)
 
 
 class FlatState:
@@ -263,7 +268,10 @@ class Algorithm(Configurable):
         self.model.train()
         opt = self.make_optimizer(self.model.parameters())
         total, steps = torch.zeros((), device=self.device), 0
+        transform = TRAIN_TRANSFORMS[self.training.train_transform]
         for x, y in self.batches(data, rng):
+            if transform is not None:
+                x = transform(x, rng)
             if self.augment is not None:
                 x, y = self.augment.train_batch(self.model, x, y, data.cid, rng)
             total += self.train_step(x, y, opt, client_state).detach()

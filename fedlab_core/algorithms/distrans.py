@@ -12,11 +12,16 @@ How it differs from FedAvg
   feature-dim x classes weights (ResNet-18: 5,120 = 512 x 10), i.e. the logits layer reads the
   concatenation and nothing else is added, which is also the authors' code. ``head="dense"`` is the other
   reading: Linear(2D, D) with ReLU, then the backbone's own head (it trains markedly slower here).
+  The backbone runs once per channel (``passes=2``, default, as the authors' code does), so batch norm
+  normalises each channel with its own batch statistics and updates its running statistics twice per
+  batch; ``passes=1`` batches both channels into one pass (one set of statistics for the two).
   ``channels=1`` is the single-input-channel ablation (Table 3): the backbone on ``(1 - a) x + a t`` alone.
 - Per mini-batch (Algorithm 1): one SGD step on the offset with the model fixed (batch-norm running
   statistics included), then one step on the model with the offset fixed. ``joint=True`` is the
   authors' code: one backward pass, both stepped together.
-- The server averages the models as FedAvg does and aggregates the offsets (Section 4.4):
+- The server averages the models as FedAvg does, weighted by the clients' sample counts (the paper does
+  not say; ``sample_weighted=False`` is the authors' code's plain mean), and aggregates the offsets
+  (Section 4.4):
   ``none`` (every client keeps its own), ``avg`` (one global mean offset, sent to everyone),
   ``nn`` (a server network, below) or ``nn+no`` (default): ``nn`` when the split's DH is below
   ``dh_threshold`` (0.5), ``none`` otherwise. Offsets travel only when the server uses them, and their
@@ -38,6 +43,12 @@ gives one map, stacked with the offset's channels; four 3x3 convolutions (16 cha
 give a correction that is added to the offset. The last convolution starts at zero, so an untrained
 network passes offsets through unchanged (the paper does not say how it starts; this is our choice).
 
+How far the offsets move: each upload carries the diagnostic ``offset_change`` (for the log, not counted as
+communication), the relative distance of the client's offset from its initial noise, ``||t - t0|| / ||t0||``;
+the run's log records its mean over the round's clients. At
+lr 1e-3 an offset moves by the input gradient of a mean loss times 1e-3 per step, which is tiny; a chapter
+that wants offsets that learn at its scale sets ``offset_lr`` and shows this curve.
+
 Defaults: the paper's ``a = 0.3``, offset lr 1e-3, one local epoch; the model's lr is the run's (the
 paper: 5e-3, the ``Training`` used when none is given). Offsets start as uniform noise in [0, 1), the
 range of this library's images (the authors' code: ``torch.rand`` then the images' normalisation).
@@ -54,7 +65,7 @@ from torch import nn
 from ..data.federation import ClientData, Federation
 from ..data.partition import dh_of
 from ..params import OneOf, Range
-from .base import Algorithm, FlatState, Message, Training
+from .base import Algorithm, FlatState, Message, Training, weighted_mean
 
 AGGREGATIONS = ("none", "avg", "nn", "nn+no")
 
@@ -74,18 +85,24 @@ class DoubleChannel(nn.Module):
     channels : 2 (DisTrans) or 1 (the single-input-channel ablation).
     head : "linear" (concatenation -> Linear(2D, classes): the paper's Table 7 and the authors' code) or
         "dense" (concatenation -> Linear(2D, D) -> ReLU -> the backbone's head).
+    passes : 2 (one backbone pass per channel, each normalised by its own batch statistics: the authors'
+        code) or 1 (both channels batched into one pass).
 
     The offset is the attribute ``offset`` ((C, H, W), or None for zeros); it is not a module entry, so
     it never enters the model's state or its average.
     """
 
-    def __init__(self, backbone: nn.Module, alpha: float = 0.3, channels: int = 2, head: str = "linear"):
+    def __init__(self, backbone: nn.Module, alpha: float = 0.3, channels: int = 2, head: str = "linear",
+                 passes: int = 2):
         super().__init__()
         if channels not in (1, 2):
             raise ValueError(f"channels must be 1 or 2, got {channels!r}")
         if head not in ("dense", "linear"):
             raise ValueError(f"head must be 'dense' or 'linear', got {head!r}")
+        if passes not in (1, 2):
+            raise ValueError(f"passes must be 1 or 2, got {passes!r}")
         self.backbone, self.alpha, self.channels, self.head_kind = backbone, alpha, channels, head
+        self.passes = passes
         dim = backbone.feature_dim
         self.offset: torch.Tensor | None = None
         self.dense = nn.Linear(2 * dim, dim) if channels == 2 and head == "dense" else None
@@ -100,8 +117,10 @@ class DoubleChannel(nn.Module):
         first, second = shift(x, t, self.alpha)
         if self.channels == 1:
             return self.backbone.features(first)
-        z = self.backbone.features(torch.cat([first, second]))  # one pass: batch norm sees both channels
-        z = torch.cat(z.chunk(2), dim=1)  # (B, 2D)
+        if self.passes == 2:  # batch norm normalises each channel with its own statistics
+            z = torch.cat([self.backbone.features(first), self.backbone.features(second)], dim=1)  # (B, 2D)
+        else:  # one pass: batch norm sees both channels as one batch
+            z = torch.cat(self.backbone.features(torch.cat([first, second])).chunk(2), dim=1)  # (B, 2D)
         return z if self.dense is None else F.relu(self.dense(z))
 
     def head(self, z: torch.Tensor) -> torch.Tensor:
@@ -163,28 +182,30 @@ class DisTrans(Algorithm):
     dh_threshold : the DH at which ``nn+no`` switches to ``none``.
     joint : one backward pass for offset and model (the authors' code) instead of the paper's
         alternating steps.
-    channels, head : the model's structure (see :class:`DoubleChannel`).
+    channels, head, passes : the model's structure (see :class:`DoubleChannel`).
     server_lr : SGD learning rate of the offset network.
+    sample_weighted : the server's model mean weighted by sample counts (default) or plain (the authors'
+        code).
     """
 
     name = "distrans"
     paper_training = Training(lr=5e-3)  # Section 5.1: SGD, model lr 5e-3, one local epoch
     constraints = {"alpha": Range(0, 1), "offset_lr": Range(0), "aggregation": OneOf(*AGGREGATIONS),
                    "dh_threshold": Range(0, 1), "channels": OneOf(1, 2), "head": OneOf("dense", "linear"),
-                   "server_lr": Range(0)}
+                   "server_lr": Range(0), "passes": OneOf(1, 2)}
 
     def __init__(self, training: Training | None = None, alpha: float = 0.3, offset_lr: float = 1e-3,
                  aggregation: str = "nn+no", dh_threshold: float = 0.5, joint: bool = False, channels: int = 2,
-                 head: str = "linear", server_lr: float = 1e-2):
+                 head: str = "linear", server_lr: float = 1e-2, passes: int = 2, sample_weighted: bool = True):
         super().__init__(training)
         self.alpha, self.offset_lr, self.aggregation = alpha, offset_lr, aggregation
         self.dh_threshold, self.joint, self.channels, self.head = dh_threshold, joint, channels, head
-        self.server_lr = server_lr
+        self.server_lr, self.passes, self.sample_weighted = server_lr, passes, sample_weighted
 
     # ------------------------------------------------------------------ protocol
 
     def init(self, model: nn.Module, federation: Federation) -> dict[str, Any]:
-        wrapped = DoubleChannel(model, self.alpha, self.channels, self.head)
+        wrapped = DoubleChannel(model, self.alpha, self.channels, self.head, self.passes)
         server = super().init(wrapped, federation)
         self.dh = dh_of(federation.class_counts, federation.num_classes)
         self.mode = self.aggregation
@@ -223,6 +244,8 @@ class DisTrans(Algorithm):
         loss = self.train_local(data, rng, client_state)
         client_state["offset"] = self._offset.detach().clone()
         upload = self.upload(data, loss, client_state)
+        initial = self.init_client(data.cid)["offset"]
+        upload.diagnostics["offset_change"] = float((client_state["offset"] - initial).norm() / initial.norm())
         if self.mode in ("avg", "nn"):
             upload.tensors["offset"] = client_state["offset"]
         if self.mode == "nn":
@@ -232,7 +255,11 @@ class DisTrans(Algorithm):
 
     def aggregate(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]],
                   round_idx: int) -> dict[str, Any]:
-        server = super().aggregate(server_state, uploads, round_idx)
+        if self.sample_weighted:
+            server = super().aggregate(server_state, uploads, round_idx)
+        else:
+            server = {**server_state, "weights": weighted_mean([m.tensors["weights"] for _, m in uploads],
+                                                               [1.0] * len(uploads))}
         if self.mode == "avg":
             server["offset"] = torch.stack([m.tensors["offset"] for _, m in uploads]).mean(0)
         elif self.mode == "nn":

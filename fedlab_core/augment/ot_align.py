@@ -16,7 +16,7 @@ and is left as it is. A run therefore reports both: ``mean_client_accuracy`` on 
 ``global_accuracy`` on raw ones. :meth:`OTAlign.align` maps any other images onto the target, e.g. the
 global test set as a new client would see it.
 
-Three readings of the method (``variant``):
+Four readings of the method (``variant``):
 
 ``"sound"`` (default)
     A channel's distribution is its intensity histogram over ``bins`` equally spaced levels in [0, 1]
@@ -37,8 +37,17 @@ Three readings of the method (``variant``):
     per client and channel on the client's pooled training histogram and applies it to all its images,
     train and test: gentler (differences between the client's images survive), but it maps a mixture of
     many images onto the histogram of one typical image. The sound path is vectorised over images.
-``"rgb"``
-    The paper's colour reading: an image is a cloud of ``pixels`` sampled pixels, points in [0, 1]^C
+``"channel"``
+    The paper's Algorithm 1 read literally, channel by channel: the barycenters are the sound variant's
+    (entropic barycenters of intensity histograms, each image's histogram made of ``pixels`` sampled
+    pixels, the paper's 250), and each image's channel is mapped with ``ot.da.SinkhornTransport``
+    (``reg_map``, the paper's 1e-1) fitted from ``pixels`` of its sampled values to ``pixels`` points of
+    the target (its quantiles at the midpoints ``(k + 1/2) / pixels``, equal weights, since POT's map
+    takes uniform marginals), then applied to all the channel's pixels through the out-of-sample map
+    (below). One POT call per image and channel: slow. The entropic map at ``reg_map`` 1e-1 on intensities
+    in [0, 1] blurs strongly: it pulls a channel's values towards their mean (the chapter shows it).
+``"joint"``
+    The joint-colour reading: an image is a cloud of ``pixels`` sampled pixels, points in [0, 1]^C
     (C = 3 for colour, 1 for grey). The client's barycenter is a free-support barycenter
     (``ot.lp.free_support_barycenter``) of its images' clouds with ``pixels`` support points; the server's
     is the same over the clients' barycenters. Each image is mapped with ``ot.da.SinkhornTransport``
@@ -54,7 +63,7 @@ Three readings of the method (``variant``):
     histogram over ``pixels`` bins (the sample positions) with cost ``ot.utils.dist0(pixels)`` scaled
     to a maximum of 1; barycenters with ``ot.bregman.barycenter`` (``reg``); the target "colours" are
     the C barycenter vectors stacked into ``pixels`` points of R^C, whose coordinates are probabilities
-    (about 1 / pixels); each image is mapped onto them with ``SinkhornTransport`` as in ``"rgb"``. The
+    (about 1 / pixels); each image is mapped onto them with ``SinkhornTransport`` as in ``"joint"``. The
     mapped images lose their intensities (they are offered to show it).
 
 Defaults follow the paper where it has a value: ``pixels`` 250 for the sampling variants, ``reg`` 1e-2
@@ -86,7 +95,7 @@ from ..data.federation import ClientData, Federation
 from ..params import OneOf, Range
 from .base import Augment
 
-VARIANTS = ("sound", "rgb", "paper-code")
+VARIANTS = ("sound", "channel", "joint", "paper-code")
 SOLVERS = ("entropic", "debiased", "exact")
 CDFS = ("image", "client")
 OUT_OF_SAMPLE_MAPS = ("ferradans", "continuous")
@@ -298,7 +307,7 @@ def monotone_map(source: torch.Tensor, target: torch.Tensor, support: torch.Tens
     return torch.where((p > 0) & (j_up > j_lo), mean, support[j_up])
 
 
-# ------------------------------------------------------------------------- point clouds (rgb, paper-code)
+# ------------------------------------------------------------------------- point clouds (joint, paper-code)
 
 def sample_pixels(x: torch.Tensor, pixels: int, generator: torch.Generator) -> torch.Tensor:
     """``pixels`` pixels of every image drawn with replacement, as points: (N, pixels, C) float64 (CPU)."""
@@ -345,6 +354,17 @@ def paper_code_barycenter(hists: np.ndarray, reg: float, num_iter: int, tol: flo
     return bary
 
 
+def quantile_points(hists: torch.Tensor, support: torch.Tensor, k: int) -> torch.Tensor:
+    """``k`` equally weighted points standing for each histogram: its quantiles at ``(j + 1/2) / k``.
+
+    hists (C, B) on the sorted ``support`` (B,) -> (C, k)."""
+    cdf = hists.double().cumsum(-1)
+    cdf = cdf / cdf[:, -1:]
+    q = (torch.arange(k, dtype=torch.float64) + 0.5) / k  # (k,)
+    idx = torch.searchsorted(cdf.contiguous(), q.expand(len(cdf), k).contiguous()).clamp_(max=len(support) - 1)
+    return support.double()[idx]
+
+
 def sinkhorn_map(image: np.ndarray, sample: np.ndarray, target: np.ndarray, reg_map: float, map_iter: int,
                  out_of_sample_map: str) -> np.ndarray:
     """Map one image's pixels (HW, C) onto target points (k, C) with ``ot.da.SinkhornTransport`` fitted on
@@ -374,14 +394,15 @@ class OTAlign(Augment):
 
     Parameters
     ----------
-    variant : "sound", "rgb" or "paper-code" (see the module doc).
-    solver : barycenter solver of the sound variant: "entropic", "debiased" or "exact".
-    bins : intensity levels of the sound variant's histograms.
+    variant : "sound", "channel", "joint" or "paper-code" (see the module doc).
+    solver : barycenter solver of the sound and channel variants: "entropic", "debiased" or "exact".
+    bins : intensity levels of the sound and channel variants' histograms.
     pixels : pixels sampled per image; None: all pixels for "sound", 250 (the paper's) otherwise.
         In "sound" sampling only feeds the client's barycenter (each image is mapped with its full
-        histogram); in "rgb" and "paper-code" it is also the target's size and the map's fitting set.
-    reg : entropic regularisation of the barycenters ("sound" with an entropic solver, "paper-code").
-    reg_map : entropic regularisation of the SinkhornTransport map ("rgb", "paper-code").
+        histogram); in the others it is also the map's fitting set and the target's size.
+    reg : entropic regularisation of the barycenters ("sound" and "channel" with an entropic solver,
+        "paper-code").
+    reg_map : entropic regularisation of the SinkhornTransport map ("channel", "joint", "paper-code").
     num_iter : iteration cap of the barycenter solvers. The entropic barycenter needs about 2/reg
         iterations on 256 bins (201 at reg 1e-2), so the cap of 1,000 is reached, silently, below
         reg of about 2.5e-3: raise it with reg.
@@ -409,8 +430,11 @@ class OTAlign(Augment):
                  reg: float = 1e-2, reg_map: float = 1e-1, num_iter: int = 1000, tol: float = 1e-3,
                  map_iter: int = 1000, max_images: int = 1000, cdf: str = "image",
                  out_of_sample_map: str = "ferradans"):
-        if variant != "sound" and (solver != "entropic" or cdf != "image"):
-            raise ValueError(f"solver and cdf belong to the sound variant; variant {variant!r} takes neither")
+        if variant != "sound" and cdf != "image":
+            raise ValueError(f"cdf belongs to the sound variant; variant {variant!r} does not take it")
+        if variant not in ("sound", "channel") and solver != "entropic":
+            raise ValueError(f"solver belongs to the sound and channel variants; variant {variant!r} does not "
+                             f"take it")
         self.variant, self.solver, self.bins, self.cdf = variant, solver, int(bins), cdf
         self.pixels = pixels if pixels is not None else (None if variant == "sound" else PAPER_PIXELS)
         self.reg, self.reg_map, self.num_iter, self.tol = float(reg), float(reg_map), int(num_iter), float(tol)
@@ -458,20 +482,20 @@ class OTAlign(Augment):
     def client_barycenter(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """One client's upload: its per-channel barycenter of images x (N, C, H, W).
 
-        Shapes: "sound" (C, bins) histogram; "rgb" (pixels, C) support points (uniform weights);
+        Shapes: "sound", "channel" (C, bins) histogram; "joint" (pixels, C) support points (uniform weights);
         "paper-code" (C, pixels) histograms over sample positions.
         """
         if self.max_images and len(x) > self.max_images:
             pick = torch.randperm(len(x), generator=generator)[:self.max_images].to(x.device)
             x = x[pick]
         c = x.shape[1]
-        if self.variant == "sound":
+        if self.variant in ("sound", "channel"):
             support = self.support.to(x.device)
             hists = channel_histograms(x, self.bins, self.pixels, generator)  # (N, C, B)
             return torch.stack([barycenter_1d(hists[:, ch], support, self.solver, self.reg, self.num_iter,
                                               self.tol) for ch in range(c)])
         clouds = sample_pixels(x, self.pixels, generator)  # (N, P, C)
-        if self.variant == "rgb":
+        if self.variant == "joint":
             rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
             return torch.from_numpy(free_support_barycenter(list(clouds.numpy()), self.pixels, rng,
                                                             self.num_iter, self.tol))
@@ -481,10 +505,10 @@ class OTAlign(Augment):
 
     def server_barycenter(self, barycenters: torch.Tensor, seed: int = 0) -> torch.Tensor:
         """The target: the barycenter of the clients' barycenters (stacked as uploaded), per channel."""
-        if self.variant == "sound":
+        if self.variant in ("sound", "channel"):
             return torch.stack([barycenter_1d(barycenters[:, ch].double(), self.support, self.solver, self.reg,
                                               self.num_iter, self.tol) for ch in range(barycenters.shape[1])])
-        if self.variant == "rgb":
+        if self.variant == "joint":
             rng = np.random.default_rng(np.random.SeedSequence([seed, 2**31]))
             clouds = list(barycenters.double().numpy())
             return torch.from_numpy(free_support_barycenter(clouds, self.pixels, rng, self.num_iter, self.tol))
@@ -523,6 +547,8 @@ class OTAlign(Augment):
             return x
         if self.variant == "sound":
             return self._match_images(x)
+        if self.variant == "channel":
+            return self._sinkhorn_channels(x, generator)
         return self._sinkhorn_images(x, generator)
 
     def _match_images(self, x: torch.Tensor) -> torch.Tensor:
@@ -556,12 +582,23 @@ class OTAlign(Augment):
         """Each image by its own SinkhornTransport onto the target points (one POT call per image)."""
         n, c, h, w = x.shape
         target = self.target.double().numpy()
-        target = target if self.variant == "rgb" else target.T  # (k, C) points
+        target = target if self.variant == "joint" else target.T  # (k, C) points
         samples = sample_pixels(x, self.pixels, generator).numpy()  # (N, P, C)
         images = x.detach().reshape(n, c, -1).transpose(1, 2).double().cpu().numpy()  # (N, HW, C)
         out = np.stack([sinkhorn_map(images[i], samples[i], target, self.reg_map, self.map_iter,
                                      self.out_of_sample_map) for i in range(n)])  # (N, HW, C)
         return torch.from_numpy(out).transpose(1, 2).reshape(n, c, h, w).to(x)
+
+    def _sinkhorn_channels(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Each channel of each image by its own 1-D SinkhornTransport onto the target's quantile points."""
+        n, c, h, w = x.shape
+        points = quantile_points(self.target, self.support, self.pixels).numpy()[..., None]  # (C, P, 1)
+        samples = sample_pixels(x, self.pixels, generator).numpy()  # (N, P, C)
+        images = x.detach().reshape(n, c, -1).double().cpu().numpy()[..., None]  # (N, C, HW, 1)
+        out = np.stack([np.stack([sinkhorn_map(images[i, ch], samples[i, :, ch:ch + 1], points[ch], self.reg_map,
+                                               self.map_iter, self.out_of_sample_map)[:, 0] for ch in range(c)])
+                        for i in range(n)])  # (N, C, HW)
+        return torch.from_numpy(out).reshape(n, c, h, w).to(x)
 
 
 # ------------------------------------------------------------------------- cost of the preprocessing

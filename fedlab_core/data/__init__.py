@@ -17,7 +17,7 @@ import torch
 from . import partition
 from .base import Dataset, DatasetNotFoundError, data_root
 from ..params import Range, Subset, check
-from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, make_domains
+from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, TEN_DOMAINS, make_domains
 from .federation import ClientData, Federation, federate, hold_out
 from .sources import DOMAIN_DATASETS, LOADERS, load
 
@@ -141,5 +141,5 @@ def load_dataset(name: str, max_train: int = 0, max_test: int = 0, seed: int = 0
 
 __all__ = [
     "DATASETS", "LOADER_CONSTRAINTS", "ClientData", "DataFileError", "check_dataset_params", "Dataset", "DatasetInfo", "DatasetNotFoundError", "Federation", "LOADERS",
-    "data_root", "federate", "hold_out", "load", "load_dataset", "load_fashion_mnist_domains", "make_domains", "partition",
+    "data_root", "federate", "hold_out", "load", "load_dataset", "load_fashion_mnist_domains", "make_domains", "TEN_DOMAINS", "partition",
 ]

@@ -27,6 +27,20 @@ Domains (see :data:`DOMAIN_TRANSFORMS`):
 ``lowres``
     Area-downsampled by 4 and bilinearly upsampled back (a blurred, low-resolution look), tinted sepia.
 
+Five more, for a ten-domain benchmark (:data:`TEN_DOMAINS`, a stand-in for DomainNet's many styles with
+fewer images each):
+
+``faded``
+    Low contrast on a light grey page: ``0.55 + 0.3 x`` (a washed-out scan).
+``edges``
+    The Sobel gradient magnitude of the image, white lines on black (a sketch).
+``stripes``
+    The garment drawn over random diagonal colour stripes (a textured background).
+``posterised``
+    Three intensity levels, dark blue ink on a yellow page (a printed poster).
+``speckle``
+    Salt-and-pepper noise on 15% of the pixels, with a random green-to-magenta tint per image.
+
 Every transform is a pure, vectorised function ``(x: (N, 1, H, W) float in [0, 1], gen: torch.Generator)
 -> (N, 3, H, W)`` with values clipped to [0, 1]. Everything is deterministic given ``seed``.
 """
@@ -43,6 +57,7 @@ from .partition import _apportion
 
 __all__ = [
     "DEFAULT_DOMAINS",
+    "TEN_DOMAINS",
     "DOMAIN_TRANSFORMS",
     "make_domains",
     "channel_stats",
@@ -52,6 +67,7 @@ __all__ = [
 Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 DEFAULT_DOMAINS: tuple[str, ...] = ("original", "mnistm", "colour", "inverted_noise", "lowres")
+TEN_DOMAINS: tuple[str, ...] = DEFAULT_DOMAINS + ("faded", "edges", "stripes", "posterised", "speckle")
 
 _PHOTOS: torch.Tensor | None = None  # (2, 3, Hp, Wp) float32 in [0, 1], loaded once
 _GATHER_CHUNK = 8192  # images per gather in the mnistm transform (bounds the int64 index tensor)
@@ -133,12 +149,64 @@ def lowres(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return (g * _SEPIA_INK + (1.0 - g) * _SEPIA_PAPER).clamp_(0.0, 1.0)
 
 
+def faded(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Faded: low contrast on a light grey page, 0.55 + 0.3 x."""
+    return _grey3(0.55 + 0.3 * x).contiguous()
+
+
+_SOBEL = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]).view(1, 1, 3, 3)
+
+
+def edges(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Edges: the Sobel gradient magnitude, white lines on black (a sketch)."""
+    gx = F.conv2d(x, _SOBEL, padding=1)
+    gy = F.conv2d(x, _SOBEL.transpose(2, 3), padding=1)
+    return _grey3((gx.square() + gy.square()).sqrt_().div_(4.0).clamp_(0.0, 1.0)).contiguous()
+
+
+def stripes(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Stripes: the image over random diagonal stripes of two random colours (period 4 to 8 pixels)."""
+    n, _, h, w = x.shape
+    period = torch.randint(4, 9, (n, 1, 1, 1), generator=gen).float()
+    phase = torch.rand(n, 1, 1, 1, generator=gen) * period
+    diagonal = (torch.arange(h).view(1, 1, h, 1) + torch.arange(w).view(1, 1, 1, w)).float()
+    band = ((diagonal + phase) % period < period / 2).float()  # (N, 1, H, W)
+    a, b = torch.rand(n, 3, 1, 1, generator=gen), torch.rand(n, 3, 1, 1, generator=gen)
+    background = band * a + (1.0 - band) * b
+    return (x + (1.0 - x) * background).clamp_(0.0, 1.0)
+
+
+_POSTER_INK = torch.tensor([0.1, 0.15, 0.45]).view(1, 3, 1, 1)
+_POSTER_PAPER = torch.tensor([0.98, 0.9, 0.45]).view(1, 3, 1, 1)
+
+
+def posterised(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Posterised: three intensity levels, dark blue ink on a yellow page."""
+    level = (x * 3.0).floor_().clamp_(max=2.0) / 2.0  # 0, 0.5, 1
+    return (level * _POSTER_INK + (1.0 - level) * _POSTER_PAPER).clamp_(0.0, 1.0)
+
+
+def speckle(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Speckle: salt-and-pepper noise on 15% of the pixels, a random green-to-magenta tint per image."""
+    u = torch.rand(x.shape, generator=gen)
+    salt = torch.rand(x.shape, generator=gen) < 0.5
+    noisy = torch.where(u < 0.15, salt.float(), x)
+    t = torch.rand(x.shape[0], 1, 1, 1, generator=gen)
+    tint = torch.cat([0.6 + 0.4 * t, 1.0 - 0.4 * t, 0.6 + 0.4 * t], dim=1)  # green (t=0) to magenta (t=1)
+    return (noisy * tint).clamp_(0.0, 1.0)
+
+
 DOMAIN_TRANSFORMS: dict[str, Transform] = {
     "original": original,
     "mnistm": mnistm,
     "colour": colour,
     "inverted_noise": inverted_noise,
     "lowres": lowres,
+    "faded": faded,
+    "edges": edges,
+    "stripes": stripes,
+    "posterised": posterised,
+    "speckle": speckle,
 }
 
 
