@@ -227,3 +227,25 @@ def test_cross_site_accuracy_matrix(tiny, tmp_path):
     with torch.no_grad():
         want = (algo.model(x).argmax(1) == data.y_test).float().mean().item()
     assert acc[0, 2] == pytest.approx(want)
+
+
+def test_a_channel_without_spread_is_centred_not_divided_by_zero():
+    fed = _federation()
+    flat = fed.clients[1]
+    flat.x_train[:, 2] = 0.5  # channel 2 constant in every training image of client 1
+    aug = FedRDN()
+    aug.setup(fed, seed=0)
+    assert aug.stds[1, 2] == 1.0 and (aug.stds[[0, 2, 3]] != 1.0).all()
+    x = fed.clients[0].x_train[:2]
+    out = aug.eval_input(x, 1)  # another client's images with client 1's statistics
+    torch.testing.assert_close(out[:, 2], x[:, 2] - aug.means[1, 2])  # centred only
+    assert out.abs().max() < 100  # nothing scaled by 1e8
+
+
+def test_every_embedded_domain_has_spread_in_every_channel():
+    from fedlab_core.data import TEN_DOMAINS, load_dataset
+
+    data = load_dataset("fashion_mnist_domains", domains=list(TEN_DOMAINS), samples_per_domain=30, test_per_domain=5)
+    for d, name in enumerate(TEN_DOMAINS):
+        _, std = image_statistics(data.x_train[data.domain_train == d])
+        assert (std > 0.02).all(), (name, std)  # FedRDN divides by it

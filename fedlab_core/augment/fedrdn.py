@@ -20,6 +20,9 @@ Options for the authors' code's behaviour (the paper's version is the default):
   instead of as the pair of one client;
 - ``unbiased_std=True``: per-image std with Bessel's correction (torch's default), not Eq. 5's.
 
+A client channel whose images are all constant (std 0) has no spread to normalise by: images drawn with that
+client's statistics are centred on that channel, not divided by zero.
+
 Variant ``variant="average"`` is FedRDN-V (Sec. 4.5, Eq. 8): every client normalises training and test
 images with the average of the K pairs; no randomness. The global test set, which belongs to no client,
 is normalised with that average too, in both variants.
@@ -35,6 +38,7 @@ from ..params import OneOf
 from .base import Augment
 
 VARIANTS = ("random", "average")
+MIN_STD = 1e-6  # a channel std at or below this counts as none: that channel is centred, not scaled
 DRAWS = ("per_image", "per_batch")
 PAIRINGS = ("paired", "independent")
 
@@ -80,7 +84,10 @@ class FedRDN(Augment):
             mean, std = image_statistics(c.x_train, self.unbiased_std)
             up.append(Message({"mean": mean, "std": std}))
         self.means = torch.stack([m.tensors["mean"] for m in up])  # (K, C)
-        self.stds = torch.stack([m.tensors["std"] for m in up]).clamp_min(1e-8)  # a blank client is only centred
+        stds = torch.stack([m.tensors["std"] for m in up])
+        # a channel without spread at a client (constant in every image) is only centred with that client's
+        # statistics: dividing by its zero std would scale every image drawn with them by ~1e8
+        self.stds = torch.where(stds > MIN_STD, stds, torch.ones_like(stds))
         down = [Message({"means": self.means, "stds": self.stds}) for _ in federation.clients]
         return federation, up, down
 

@@ -177,7 +177,7 @@ def stripes(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 _POSTER_INK = torch.tensor([0.1, 0.15, 0.45]).view(1, 3, 1, 1)
-_POSTER_PAPER = torch.tensor([0.98, 0.9, 0.45]).view(1, 3, 1, 1)
+_POSTER_PAPER = torch.tensor([0.98, 0.9, 0.3]).view(1, 3, 1, 1)  # every channel differs from the ink's
 
 
 def posterised(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
