@@ -365,6 +365,11 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
             "return Array.from(document.images).map(i => [i.src, i.complete, i.naturalWidth]);")
         text = driver.find_element("tag name", "body").text
         stderr_blocks = driver.find_elements("css selector", ".output.stderr, .stderr")
+        # nothing on the page scrolls sideways: code and tables wrap (book/_static/no-scroll.css)
+        sideways = driver.execute_script("""
+            return Array.from(document.querySelectorAll('main *')).filter(e =>
+                e.scrollWidth > e.clientWidth + 2 && getComputedStyle(e).overflowX !== 'visible'
+                && getComputedStyle(e).overflowX !== 'hidden').map(e => e.tagName + '.' + e.className);""")
         ARTIFACTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "quickstart.png"))
     finally:
@@ -376,6 +381,7 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
     assert "Quickstart" in text and "Accuracy per round" in text
     assert not re.search(r"Traceback|\b\w+Error\b|Exception", text), "error text on the page"
     assert not stderr_blocks, "a cell wrote to stderr (warnings or errors are on the page)"
+    assert not sideways, f"elements that scroll sideways: {sideways}"
     assert (ARTIFACTS / "quickstart.png").stat().st_size > 10_000
 
 
