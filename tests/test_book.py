@@ -239,7 +239,6 @@ def test_smoke_ot_fedavg_headline_numbers(smoke_book):
         assert glue[f"cells_loss_{test}"] <= sum(v < 0 for v in values)
     best = max(glue[f"{test}_ot_{cell.replace('/', '_')}"] for test in gains for cell in cells)
     assert glue["best_ot_accuracy"] == pytest.approx(best) and glue["reaches_99"] == (best >= 0.99)
-    assert isinstance(glue["claim_reproduced"], bool)
     # the paper's Table 1 (CIFAR-10): FedAvg + OT gains about 29 points and removes >= 80% of FedAvg's errors
     assert 0.27 < glue["paper_gain_mean"] < 0.32 and 0.8 <= glue["paper_error_removed_min"] < 1.0
     # the sound map is per image, so the clients' size-weighted accuracy is the aligned global test set's;
