@@ -280,11 +280,8 @@ class Verdicts:
 
     def summary(self) -> str:
         """E.g. "12 verdicts: 3 held, 2 partly held, 5 not held, 2 inconclusive"."""
-        counts = {}
-        for v in self.items:
-            counts[v.verdict] = counts.get(v.verdict, 0) + 1
-        order_ = [k for k in ORDER_VERDICTS + NUMBER_VERDICTS if k in counts]
-        parts = ", ".join(f"{counts[k]} {k}" for k in dict.fromkeys(order_))
+        counts = {k: self.count(k) for k in dict.fromkeys(ORDER_VERDICTS + NUMBER_VERDICTS)}
+        parts = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
         return f"{len(self.items)} verdict{'s' if len(self.items) != 1 else ''}" + (f": {parts}" if parts else "")
 
     def table(self) -> "pd.DataFrame":
