@@ -143,6 +143,56 @@ class OTCNN(nn.Module):
         return self.head(self.features(x))  # (B, num_classes)
 
 
+def _conv_bn(c_in: int, c_out: int, pool: bool = False) -> nn.Sequential:
+    """A 3x3 convolution, batch norm and ReLU, then 2x2 max-pooling when `pool`."""
+    layers = [nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+    return nn.Sequential(*layers, nn.MaxPool2d(2)) if pool else nn.Sequential(*layers)
+
+
+class _Residual(nn.Module):
+    """x + body(x)."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+class OTResNet(nn.Module):
+    """The ResNet of the OT-preprocessing paper's appendix (its Fig. 6): 8 convolutions and one linear layer.
+
+    Every convolution is followed by batch norm and ReLU; two residual connections each span two
+    convolutions, after the 128- and the 512-channel pooling stages: 3x3 convolutions of 64, 128 (pool),
+    128, 128 (residual), 256 (pool), 512 (pool), 512, 512 (residual) channels, global max-pooling and a
+    linear layer, 6.57M parameters for 3 input channels (the paper: "approximately 6.5M"). The figure gives
+    the order of the blocks, not every kernel size; this is the ResNet-9 whose layout it draws.
+    """
+
+    blocks = ("prep", "layer1", "layer2", "layer3")
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+        super().__init__()
+        if image_size < 8:
+            raise ValueError(f"{image_size}x{image_size} images are too small for the three poolings of ot_resnet")
+        self.prep = _conv_bn(in_channels, 64)
+        self.layer1 = nn.Sequential(_conv_bn(64, 128, pool=True), _Residual(nn.Sequential(_conv_bn(128, 128),
+                                                                                          _conv_bn(128, 128))))
+        self.layer2 = _conv_bn(128, 256, pool=True)
+        self.layer3 = nn.Sequential(_conv_bn(256, 512, pool=True), _Residual(nn.Sequential(_conv_bn(512, 512),
+                                                                                           _conv_bn(512, 512))))
+        self.feature_dim = 512
+        self.head = nn.Linear(512, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.prep(x))))  # (B, 512, S/8, S/8)
+        return torch.amax(x, dim=(2, 3))  # (B, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))  # (B, num_classes)
+
+
 def _alexnet_final_size(image_size: int) -> int:
     """Spatial size after AlexNet's conv/pool stack (0 or less means the stack collapses)."""
     s = (image_size + 2 * 2 - 11) // 4 + 1  # conv 11, stride 4, pad 2
@@ -307,6 +357,7 @@ MODELS = {
     "lenet5_bn": functools.partial(LeNet5, batch_norm=True),
     "digit": DigitModel,
     "ot_cnn": OTCNN,
+    "ot_resnet": OTResNet,
     "alexnet_bn": AlexNetBN,
     "resnet18": ResNet18,
     "resnet50": ResNet50,

@@ -99,6 +99,8 @@ class Verdict:
     converged : False when the runs behind it were still learning.
     values : the per-seed differences or values it was computed from.
     paper : the paper's figure for the claim, as text (e.g. "+0.189 on CIFAR-10"), for the tables.
+    runs : for a claim judged on training runs, the runs of each side (claimed better first, one per seed),
+        whose curves :meth:`Verdicts.curves` draws; empty otherwise.
     """
 
     claim: str
@@ -112,6 +114,7 @@ class Verdict:
     converged: bool = True
     values: tuple[float, ...] = ()
     paper: str = ""
+    runs: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -141,7 +144,8 @@ class Verdict:
 
 
 def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping[int, float], claim: str = "",
-          higher: bool = True, converged: bool = True, paper: str = "") -> Verdict:
+          higher: bool = True, converged: bool = True, paper: str = "",
+          runs: tuple[Sequence["History"], Sequence["History"]] = ()) -> Verdict:
     """Judge "a beats b" from paired per-seed results.
 
     Parameters
@@ -151,6 +155,8 @@ def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping
     higher : True when the claim is that a is higher than b (accuracy), False when lower (loss, cost).
     converged : whether the runs behind both sides converged (see :func:`converged`).
     paper : the paper's figure for the claim, as text.
+    runs : the training runs behind a and b, when the values come from runs: their curves are drawn by
+        :meth:`Verdicts.curves`.
 
     A NaN result (a run that diverged) makes the verdict *inconclusive*, labelled "(a run diverged)".
     """
@@ -159,7 +165,7 @@ def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping
         raise ValueError("a claim needs at least one seed")
     if any(math.isnan(v) for v in d):
         return Verdict(claim, "inconclusive", math.nan, math.nan, len(d), converged=converged, values=tuple(d),
-                       paper=paper)
+                       paper=paper, runs=tuple(tuple(r) for r in runs))
     mean, se = _mean_se(d)
     sign = 1.0 if higher else -1.0
     if len(d) < MIN_SEEDS or abs(mean) <= se:
@@ -170,7 +176,8 @@ def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping
         verdict = "partly held"
     else:
         verdict = "not held"
-    return Verdict(claim, verdict, mean, se, len(d), converged=converged, values=tuple(d), paper=paper)
+    return Verdict(claim, verdict, mean, se, len(d), converged=converged, values=tuple(d), paper=paper,
+                   runs=tuple(tuple(r) for r in runs))
 
 
 def _t_quantile(level: float, dof: int) -> float:
@@ -258,7 +265,7 @@ def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metri
     """:func:`order` on two methods' runs (one per seed, the same seeds), judged on the final `metric`,
     marked "(not converged)" unless both sides' curves flattened."""
     return order(seed_values(a, metric), seed_values(b, metric), claim, higher,
-                 runs_converged(a, metric) and runs_converged(b, metric), paper)
+                 runs_converged(a, metric) and runs_converged(b, metric), paper, runs=(a, b))
 
 
 @dataclass
@@ -284,8 +291,41 @@ class Verdicts:
         parts = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
         return f"{len(self.items)} verdict{'s' if len(self.items) != 1 else ''}" + (f": {parts}" if parts else "")
 
+    def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):
+        """The accuracy curves behind every verdict judged on training runs: one panel per verdict, the claimed
+        better side (solid) and the other (dashed), mean over seeds with a min-max band; the panel's title is
+        the claim and its verdict. Returns the figure, or None when no verdict carries runs."""
+        import textwrap
+
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        shown = [(i, v) for i, v in enumerate(self.items, 1) if v.runs]
+        if not shown:
+            return None
+        nrows = -(-len(shown) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), layout="constrained",
+                                 squeeze=False)
+        for ax, (i, v) in zip(axes.flat, shown):
+            for runs, name, style in zip(v.runs, names, ("-", "--")):
+                rounds = [r["round"] for r in runs[0].rounds if r.get(metric) is not None]
+                values = np.array([[r[metric] for r in h.rounds if r.get(metric) is not None] for h in runs],
+                                  dtype=float)  # (seeds, evaluated rounds)
+                (line,) = ax.plot(rounds, values.mean(0), style, marker=".", label=name)
+                ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.set_title(textwrap.fill(f"{i}. {v.claim}", 44) + f"\n{v.label}", fontsize=8)
+            ax.set_xlabel("round", fontsize=8)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(shown):]:
+            ax.set_visible(False)
+        fig.supylabel(metric.replace("_", " "), fontsize=9)
+        return fig
+
     def table(self) -> "pd.DataFrame":
-        """One row per verdict: the claim, the paper's figure, ours, the verdict."""
+        """One row per verdict: its number (the panel of :meth:`curves`), the claim, the paper's figure, ours,
+        the verdict."""
         import pandas as pd
-        return pd.DataFrame({"claim": [v.claim for v in self.items], "paper": [v.paper for v in self.items],
+        return pd.DataFrame({"#": range(1, len(self.items) + 1), "claim": [v.claim for v in self.items], "paper": [v.paper for v in self.items],
                              "ours": [v.evidence for v in self.items], "verdict": [v.label for v in self.items]})

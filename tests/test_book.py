@@ -224,7 +224,10 @@ def test_smoke_ot_fedavg_headline_numbers(smoke_book):
     # distinct runs: two arms per Table 1 cell and per skewed setting, the authors' code once, and Fig. 4's two
     # runs unless they coincide with Table 1's (same rounds, evaluated every round)
     fig4_apart = not (params["FIG4_ROUNDS"] == params["NUM_ROUNDS"] and min(params["EVAL_EVERY"], params["NUM_ROUNDS"]) == 1)
-    assert glue["num_runs"] == (len(params["SEEDS"]) * (2 * len(cells) + 2 * fig4_apart + params["PAPER_CODE"])
+    # and the appendix's ResNet once per cell of its Table 3 (the CNN's runs there are Table 1's)
+    assert set(params["RESNET_CELLS"]) <= set(cells)
+    assert glue["num_runs"] == (len(params["SEEDS"]) * (2 * len(cells) + 2 * fig4_apart + params["PAPER_CODE"]
+                                                        + len(params["RESNET_CELLS"]))
                                 + len(params["SKEW_SEEDS"]) * 2 * (len(params["SKEW_CELLS"]) + 1))
     gains = {"global": [], "client": []}
     for cell in cells:
@@ -252,6 +255,13 @@ def test_smoke_ot_fedavg_headline_numbers(smoke_book):
         for key in ("global_fedavg", "global_ot", "client_fedavg", "client_ot"):
             assert 0.0 <= glue[f"{name}_{key}"] <= 1.0
     assert 0.0 <= glue["paper_code_global"] <= 1.0 and 0.0 <= glue["paper_code_client"] <= 1.0
+    # the appendix's ResNet against the CNN, for 28x28 grey images (6.2 times for CIFAR-10's, as the paper says)
+    assert glue["resnet_param_ratio"] == pytest.approx(6_571_978 / 765_322)
+    assert glue["resnet_time_ratio"] > 1.0   # a ResNet round costs more than a CNN round
+    for cell in params["RESNET_CELLS"]:
+        tag = cell.replace("/", "_")
+        assert glue[f"table3_cnn_client_{tag}"] == glue[f"client_ot_{tag}"]   # the CNN's runs are Table 1's
+        assert 0.0 <= glue[f"table3_resnet_client_{tag}"] <= 1.0
 
 
 def test_smoke_fedrdn_headline_numbers(smoke_book):

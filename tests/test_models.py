@@ -10,6 +10,7 @@ from fedlab_core.models import (
     DigitModel,
     LeNet5,
     OTCNN,
+    OTResNet,
     ResNet18,
     build_model,
     count_parameters,
@@ -18,7 +19,7 @@ from fedlab_core.models import (
 
 SMALL_SHAPES = [(1, 28, 28), (3, 28, 28), (3, 32, 32)]
 BIG_SHAPES = [(3, 64, 64), (1, 64, 64)]
-CASES = [(name, shape) for name in ("lenet5", "digit", "ot_cnn", "mlp", "resnet18") for shape in SMALL_SHAPES]
+CASES = [(name, shape) for name in ("lenet5", "digit", "ot_cnn", "ot_resnet", "mlp", "resnet18") for shape in SMALL_SHAPES]
 CASES += [("alexnet_bn", shape) for shape in BIG_SHAPES] + [("resnet18", (3, 64, 64))]
 NUM_CLASSES = 7
 
@@ -44,6 +45,24 @@ def test_lenet5_parameter_count():
 
 def test_otcnn_parameter_count():
     assert count_parameters(OTCNN(in_channels=3, num_classes=10, image_size=32)) == 1_063_434
+
+
+def test_ot_resnet_is_the_appendix_resnet():
+    # 8 convolutions, each followed by batch norm and ReLU, one linear layer, two residual connections and
+    # "approximately 6.5M" parameters, about 6.2 times the CNN's
+    model = OTResNet(in_channels=3, num_classes=10, image_size=32)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 8 and len([m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]) == 8
+    assert len([m for m in model.modules() if isinstance(m, nn.Linear)]) == 1
+    assert count_parameters(model) == 6_573_130
+    assert count_parameters(model) / count_parameters(OTCNN(in_channels=3, num_classes=10, image_size=32)) == pytest.approx(6.2, abs=0.05)
+    # the residual branch is added: zeroing its last batch norm's scale and shift makes the block the identity
+    residual = model.layer1[1]
+    nn.init.zeros_(residual.body[1][1].weight), nn.init.zeros_(residual.body[1][1].bias)
+    x = torch.randn(2, 128, 8, 8)
+    assert torch.equal(residual(x), x)
+    with pytest.raises(ValueError, match="too small"):
+        OTResNet(in_channels=1, num_classes=10, image_size=7)
 
 
 def test_digit_model_flatten_size():
@@ -129,6 +148,6 @@ def test_alexnet_minimum_size():
 
 
 def test_models_have_no_dropout():
-    for name in ("lenet5", "digit", "ot_cnn", "mlp"):
+    for name in ("lenet5", "digit", "ot_cnn", "ot_resnet", "mlp"):
         model = build_model(name, (3, 32, 32), 10)
         assert not any(isinstance(m, nn.Dropout) for m in model.modules())

@@ -131,3 +131,22 @@ def test_runs_are_paired_by_their_seed_and_judged_on_their_final_value_and_curve
     assert runs_converged(flat) and beats(flat, b).converged is False  # b still rose 0.1
     with pytest.raises(ValueError, match="one seed each"):
         seed_values([_history(0, [0.5]), _history(0, [0.6])])
+
+
+def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
+    import matplotlib
+    matplotlib.use("Agg")
+    a = [_history(s, [0.5, 0.7, 0.8 + 0.01 * s]) for s in (0, 1, 2)]
+    b = [_history(s, [0.4, 0.6, 0.7]) for s in (0, 1, 2)]
+    book = Verdicts()
+    assert book.curves() is None                       # nothing judged yet
+    book.add(order([0.8, 0.81, 0.82], [0.7, 0.7, 0.7], "numbers only"))  # no runs: no panel
+    v = book.add(beats(a, b, "A beats B"))
+    assert v.runs == (tuple(a), tuple(b))
+    assert list(book.table()["#"]) == [1, 2]            # the table numbers the panels
+    fig = book.curves(names=("A", "B"))
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 1 and panels[0].get_title().startswith("2. A beats B")
+    solid, dashed = panels[0].get_lines()
+    assert list(solid.get_xdata()) == [1, 2, 3] and solid.get_ydata() == pytest.approx([0.5, 0.7, 0.81])
+    assert dashed.get_ydata() == pytest.approx([0.4, 0.6, 0.7]) and dashed.get_linestyle() == "--"
