@@ -31,7 +31,8 @@ MAPPINGS = {"algorithm_params": "--algorithm-param", "augment_params": "--augmen
             "dataset_params": "--dataset-param"}
 PARTITION_FIELDS = ("dataset", "dataset_params", "max_train_samples", "max_test_samples", "partition", "alpha", "dh",
                     "classes_per_client", "beta", "min_size", "num_clients", "seed")
-ROUND_KEYS = ("round", "clients", "failed", "train_loss", "global_accuracy", "bytes_up", "bytes_down")
+ROUND_KEYS = ("round", "clients", "failed", "train_loss", "global_accuracy", "mean_client_accuracy", "bytes_up",
+              "bytes_down")
 META_KEYS = ("key", "code_version", "torch", "device", "workers", "dh", "samples", "failed_clients",
              "resumed_from_round", "seconds")
 
@@ -182,17 +183,18 @@ def _human(command: str, out: Mapping[str, Any]) -> str:
     if command == "partition":
         rows = [f"client {i:>3}: " + " ".join(f"{v:>5}" for v in row) for i, row in enumerate(out["class_counts"])]
         return "samples per class\n" + "\n".join(rows) + f"\nDH = {out['dh']:.3f}"
-    lines = [f"{'round':>5} {'global acc':>10} {'failed':>6} {'MB up':>8} {'MB down':>8}"]
+    lines = [f"{'round':>5} {'global acc':>10} {'client acc':>10} {'failed':>6} {'MB up':>8} {'MB down':>8}"]
+    show = lambda v: "-" if v is None else f"{v:.4f}"  # None: not evaluated, or no global model
     for r in out["rounds"]:
-        acc = "-" if r["global_accuracy"] is None else f"{r['global_accuracy']:.4f}"
-        lines.append(f"{r['round']:>5} {acc:>10} {r['failed']:>6} {r['bytes_up'] / 1e6:>8.2f} "
-                     f"{r['bytes_down'] / 1e6:>8.2f}")
+        lines.append(f"{r['round']:>5} {show(r.get('global_accuracy')):>10} {show(r.get('mean_client_accuracy')):>10} "
+                     f"{r['failed']:>6} {r['bytes_up'] / 1e6:>8.2f} {r['bytes_down'] / 1e6:>8.2f}")
     final, samples = out["final"], out["meta"]["samples"]
-    if final["global_accuracy"] is None:  # a run recorded as diverged
+    if final["mean_client_accuracy"] is None:  # a run recorded as diverged
         lines.append("final accuracy: none (the run diverged)")
     else:
-        lines.append(f"final global accuracy {final['global_accuracy']:.4f}, "
-                     f"mean client accuracy {final['mean_client_accuracy']:.4f}")
+        glob = ("no global model" if final["global_accuracy"] is None
+                else f"final global accuracy {final['global_accuracy']:.4f}")
+        lines.append(f"{glob}, mean client accuracy {final['mean_client_accuracy']:.4f}")
     lines.append(f"{samples['train']} training and {samples['test']} test samples; cache key {out['meta']['key']}")
     return "\n".join(lines)
 

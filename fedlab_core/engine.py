@@ -105,6 +105,7 @@ class Simulation:
         self.augment.check_model(model)  # e.g. FedBN or AdvProp on a model without batch norm: refused
         self.algorithm.check_model(model)
         algorithm.augment = None if type(self.augment) is Augment else self.augment
+        algorithm.num_rounds = num_rounds
 
     # ------------------------------------------------------------------ state
 

@@ -33,14 +33,16 @@ PAPER = {
     "single": Training(local_steps=20, batch_size=64, lr=0.01, momentum=0.5),
     "all": Training(local_steps=20, batch_size=64, lr=0.01, momentum=0.5),
     "distrans": Training(local_epochs=1, batch_size=32, lr=5e-3),
+    "fraug": Training(local_steps=20, batch_size=64, lr=0.01, momentum=0.5),
 }
 PARAMS = {"fedprox": {"mu": 1.0}, "moon": {"mu": 5.0, "temperature": 0.5},
           "pfedme": {"lam": 15.0, "K": 5, "beta": 1.0, "personal_lr": 0.09, "sample_weighted": False},
           "pfedhn": {"server_lr": 1e-2, "server_momentum": 0.9, "server_weight_decay": 1e-3, "grad_clip": 50.0},
           "scaffold": {"server_lr": 1.0, "sample_weighted": False}, "fedproto": {"mu": 1.0, "distance": "mse"},
           "fedfa": {"p": 0.5, "momentum": 0.99}, "fedavgm": {"server_momentum": 0.9, "server_lr": 1.0},
-          "distrans": {"alpha": 0.3, "offset_lr": 1e-3}, "fedaws": {"server_steps": 1}}
-MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fedfa": "digit"}
+          "distrans": {"alpha": 0.3, "offset_lr": 1e-3}, "fedaws": {"server_steps": 1},
+          "fraug": {"alpha": 1.0, "beta": 1.0, "aux_lr": 0.05, "ema": 0.3}}
+MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fraug": "mlp_bn", "fedfa": "digit"}
 
 
 def test_every_algorithm_declares_the_settings_of_its_paper():

@@ -26,7 +26,7 @@ def _check(history):
         assert value is not None and 0.0 <= value <= 1.0 and not math.isnan(value), key
 
 
-MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fedfa": "digit"}  # they need batch norm or conv layers
+MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fraug": "mlp_bn", "fedfa": "digit"}  # they need batch norm or conv layers
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

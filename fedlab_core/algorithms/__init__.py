@@ -10,6 +10,7 @@ from .fedfa import FedFA
 from .fednova import FedNova
 from .fedproto import FedProto, FedProtoShared
 from .fedprox import FedProx
+from .fraug import FRAug
 from .moon import MOON
 from .partialfed import PartialFed
 from .pfedavg import PFedAvg
@@ -20,7 +21,7 @@ from .single import Single
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
     FedAvg, FedProx, FedAvgM, FedNova, Scaffold, MOON, FedBN, PFedMe, PFedHN, FedAwS, FedProto, FedProtoShared,
-    FedFA, PartialFed, PFedAvg, Single, Centralised, DisTrans,
+    FedFA, PartialFed, PFedAvg, Single, Centralised, DisTrans, FRAug,
 )}
 
 __all__ = ["ALGORITHMS", "Algorithm", "ClientsFailedError", "FlatState", "Message", "NonFiniteLossError", "Training",

@@ -156,6 +156,7 @@ class Algorithm(Configurable):
     def __init__(self, training: Training | None = None):
         self.training = training or self.paper_training
         self.augment = None  # set by the engine; None means no augmentation
+        self.num_rounds = 1  # the run's number of rounds R, set by the engine (schedules such as FRAug's use it)
 
     # ------------------------------------------------------------------ protocol
 

@@ -1,0 +1,293 @@
+"""FRAug (Chen, Frikha, Krompass, Tresp, "FRAug: Tackling Federated Learning with Non-IID Features via
+Representation Augmentation", ICCV 2023): FedBN whose clients also train their prediction heads on
+synthetic embeddings, made by a generator shared by all clients and a network each client keeps.
+
+How it differs from FedBN
+-------------------------
+- The model is split into a feature extractor ``f`` (``model.features``) and a head ``h``
+  (``model.head``); every model of the library has the split (``lenet5_bn``: its 84-d layer, ``digit``:
+  its 512-d layer). Batch norm stays local, as in FedBN.
+- A **generator** ``G(z, y)`` (Linear(latent + classes, F), BN, ReLU, Linear(F, F), BN, ReLU; ``y``
+  one-hot, F the feature size) is shared: the server averages it, weighted by sample counts like the model.
+  Its output ``v_hat`` is meant to be client-agnostic.
+- Each client keeps an **RTNet** ``m`` (Linear(F + classes, latent), BN, ReLU, Linear(latent, F), BN; its
+  input is ``v_hat`` and the one-hot class) that turns ``v_hat`` into a client-specific residual, and
+  **class prototypes**: ``proto_c <- 0.7 proto_c + 0.3 (the batch's mean embedding of class c)`` before
+  each model step, from zeros, for the classes the batch holds (the code's rate; the paper's ramp-up of
+  the rate is not specified). Neither ever leaves the client.
+- Synthetic embeddings (Eq. 3): ``u_hat = u + lam m(G(z, y))`` around the batch's real embeddings
+  ``u = f(x)``, and ``u_hat_c = proto_c + lam m(G(z', c))`` around the prototypes, for a batch of the
+  same size whose labels run through the classes in turn (as the code does; Eq. 2's sum over classes).
+- Each local step has two stages (Algorithm 1):
+  1. the model, with G and RTNet fixed: ``L_real + L_syn`` (Eq. 1-2), cross-entropy on the real batch,
+     plus cross-entropy on ``u_hat`` and on ``u_hat_c``; the synthetic embeddings are built without
+     gradient, so ``L_syn`` trains the head only;
+  2. G and RTNet, with the model fixed: G minimises ``CE(h(u_hat), y) - alpha MMD(u_hat, u)`` (Eq. 5),
+     RTNet ``-(H(h(u_hat)) + H(h(u_hat_c))) + beta (MMD(u_hat, u) + MMD(u_hat_c, proto))`` (Eq. 6), H the
+     mean entropy of the head's softmax; each steps on the gradient of its own loss (SGD, ``aux_lr``,
+     momentum 0.5, a fresh optimiser each round). Stage 2 reuses stage 1's embeddings ``u``.
+- ``lam = exp(gamma (r - R))`` in round r of R (``smoothing``; the paper: "increase it following an
+  exponential schedule", no formula; this is the code's, which reaches 1 at the last round).
+- MMD (:func:`mmd`): the biased estimate with a sum of five Gaussian kernels whose bandwidths double from
+  the mean pairwise squared distance / 4, as in the authors' code.
+
+Where the paper and the authors' code differ (``variant``; the paper's reading is the default)
+-------------------------------------------------------------------------------------------------
+``variant="code"`` switches all of these to the code's:
+
+- noise ``z ~ N(0, I)`` (paper) or ``torch.rand``, uniform on [0, 1) (code);
+- the model's loss ``L_real + L_syn`` (Eq. 1) or ``(1 - Lr) L_real + Lr L_syn`` with
+  ``Lr = min(0.5, exp(gamma (r - R)))``, which stays at 0.5 for a whole Digits run (gamma 0.002);
+- G's loss on ``u_hat`` (Eq. 5) or on its own output ``v_hat`` (the code, MMD against the real embeddings);
+- batch norm: all of it local (FedBN, which the paper cites) or only its running statistics (the code's
+  ``no_bn_running_stats``: weights and biases shared).
+
+Not reproduced from the code: its Digits generator distance (L2 to the prototypes in place of MMD), PACS's
+RTNet distance (L2), the halving of the two synthetic terms, optimisers kept across rounds, and its choice
+of each client's best round on the evaluation split.
+
+Switches for the paper's Table 3 ablation: ``rtnet=False`` (the generator's output is the residual: "generator
+only"), ``prototypes=False`` (no ``u_hat_c``), ``smoothing=False`` (``lam = 1``).
+
+Local training as the authors' code runs Digits: SGD, lr 0.01, momentum 0.5, 20 local steps of batch 64.
+Each client predicts with its own model (shared weights, its batch norm); synthetic embeddings are never
+used at test time. There is no global model (``global_model`` False). Each upload's diagnostic
+``mmd_real_synthetic`` (for the log, not counted as communication) is the mean MMD between ``u_hat`` and
+``u`` over the client's stage-2 steps.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..params import OneOf, Range
+from .base import Algorithm, FlatState, Message, Training, weighted_mean
+from .fedbn import FedBN
+
+VARIANTS = ("paper", "code")
+
+
+def mmd(x: torch.Tensor, y: torch.Tensor, kernels: int = 5, mul: float = 2.0) -> torch.Tensor:
+    """Squared maximum mean discrepancy between samples x (n, D) and y (m, D), biased estimate, with the sum
+    of `kernels` Gaussian kernels ``exp(-d^2 / b_i)``, ``b_i = b0 mul^i``, ``b0`` the mean squared distance
+    between distinct points of the pooled sample divided by ``mul^(kernels // 2)`` (not differentiated)."""
+    z = torch.cat([x, y])
+    d2 = torch.cdist(z, z).pow(2)  # (n + m, n + m)
+    n = len(z)
+    base = (d2.detach().sum() / max(n * n - n, 1)).clamp_min(1e-12) / mul ** (kernels // 2)
+    k = sum(torch.exp(-d2 / (base * mul ** i)) for i in range(kernels))
+    nx = len(x)
+    return k[:nx, :nx].mean() + k[nx:, nx:].mean() - 2 * k[:nx, nx:].mean()
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Mean entropy of the softmax of logits (B, classes)."""
+    logp = logits.log_softmax(1)
+    return -(logp.exp() * logp).sum(1).mean()
+
+
+class Generator(nn.Module):
+    """G(z, y): noise and a one-hot class to a client-agnostic embedding of the feature size."""
+
+    def __init__(self, latent: int, num_classes: int, feature_dim: int):
+        super().__init__()
+        self.num_classes = num_classes
+        self.net = nn.Sequential(nn.Linear(latent + num_classes, feature_dim), nn.BatchNorm1d(feature_dim), nn.ReLU(),
+                                 nn.Linear(feature_dim, feature_dim), nn.BatchNorm1d(feature_dim), nn.ReLU())
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([z, F.one_hot(y, self.num_classes).float()], 1))  # (B, F)
+
+
+class RTNet(nn.Module):
+    """m(v, y): a client's map from the generator's embedding (and its class) to a residual of the feature size."""
+
+    def __init__(self, latent: int, num_classes: int, feature_dim: int):
+        super().__init__()
+        self.num_classes = num_classes
+        self.net = nn.Sequential(nn.Linear(feature_dim + num_classes, latent), nn.BatchNorm1d(latent), nn.ReLU(),
+                                 nn.Linear(latent, feature_dim), nn.BatchNorm1d(feature_dim))
+
+    def forward(self, v: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([v, F.one_hot(y, self.num_classes).float()], 1))  # (B, F)
+
+
+class FRAug(FedBN):
+    """FedBN plus synthetic embeddings from a shared generator and a local RTNet.
+
+    Parameters
+    ----------
+    training : the model's local training (default: the authors' code on Digits, see the module doc).
+    alpha : weight of the MMD the generator maximises (Eq. 5; the code's Digits value, 1).
+    beta : weight of the MMD the RTNet minimises (Eq. 6; the code searches 0.1, 1 and 10 on Digits).
+    latent : size of the generator's noise and of the RTNet's hidden layer (0: half the feature size, the
+        code's default).
+    aux_lr : SGD learning rate of the generator and the RTNet (momentum 0.5, as the code's).
+    gamma : rate of the exponential schedule ``exp(gamma (r - R))`` (the code: 0.01 on PACS and
+        OfficeHome, 0.002 on Digits).
+    variant : "paper" or "code" (see the module doc).
+    smoothing : scale the residuals by ``lam = exp(gamma (r - R))`` (Eq. 3); False: ``lam = 1``.
+    rtnet : False: the generator's output is the residual (Table 3's "generator only").
+    prototypes : False: no prototype-anchored embeddings u_hat_c.
+    ema : the prototypes' rate, proto <- (1 - ema) proto + ema batch mean (the code: 0.3).
+    """
+
+    name = "fraug"
+    paper_training = Training(lr=0.01, momentum=0.5, batch_size=64, local_steps=20)  # the authors' code, Digits
+    constraints = {"alpha": Range(0), "beta": Range(0), "latent": Range(0), "aux_lr": Range(0, low_open=True),
+                   "gamma": Range(0), "variant": OneOf(*VARIANTS), "ema": Range(0, 1)}
+
+    def __init__(self, training: Training | None = None, alpha: float = 1.0, beta: float = 1.0, latent: int = 0,
+                 aux_lr: float = 0.05, gamma: float = 0.01, variant: str = "paper", smoothing: bool = True,
+                 rtnet: bool = True, prototypes: bool = True, ema: float = 0.3):
+        super().__init__(training)
+        self.alpha, self.beta, self.latent, self.aux_lr, self.gamma = alpha, beta, latent, aux_lr, gamma
+        self.variant, self.smoothing, self.use_rtnet, self.use_prototypes, self.ema = (
+            variant, smoothing, rtnet, prototypes, ema)
+
+    # ------------------------------------------------------------------ protocol
+
+    def init(self, model: nn.Module, federation) -> dict[str, Any]:
+        server = super().init(model, federation)
+        if self.variant == "code":  # the code shares batch norm's weights; only its running statistics stay
+            self.local_patterns = tuple(n for n in self.local_patterns if "running" in n)
+            server = Algorithm.init(self, model, federation)
+        c, d = federation.num_classes, model.feature_dim
+        self.width = self.latent or max(1, d // 2)
+        self.generator = Generator(self.width, c, d).to(self.device)
+        self.gen_state = FlatState(self.generator)
+        self.rt_seed = int(torch.randint(2 ** 62, (1,)))  # from the run's seeded initialisation stream
+        self.rtnet = self.new_rtnet(0)
+        self.rt_state = FlatState(self.rtnet)
+        return {**server, "generator": self.gen_state.get(), "round": 0}
+
+    def new_rtnet(self, cid: int) -> RTNet:
+        """Client `cid`'s RTNet as it starts: its own random weights, the same in every run of the seed."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.rt_seed + cid)
+            return RTNet(self.width, self.federation.num_classes, self.model.feature_dim).to(self.device)
+
+    def init_client(self, cid: int) -> dict[str, Any]:
+        protos = torch.zeros(self.federation.num_classes, self.model.feature_dim, device=self.device)  # (C, F)
+        return {**super().init_client(cid), "rtnet": FlatState(self.new_rtnet(cid)).get(), "prototypes": protos}
+
+    def server_message(self, server_state: dict[str, Any], cid: int) -> Message:
+        # the round number drives the schedule (8 bytes, counted as a metric)
+        return Message({"weights": server_state["weights"], "generator": server_state["generator"]},
+                       metrics={"round": server_state["round"] + 1})
+
+    def local_update(self, message: Message, client_state: dict[str, Any], data, rng: torch.Generator):
+        self.gen_state.set(message.tensors["generator"])
+        self.rt_state.set(client_state["rtnet"])
+        self._prototypes = client_state["prototypes"].clone()
+        self._lam, self._w_real, self._w_syn = self.weights(int(message.metrics["round"]))
+        self._aux_opt = torch.optim.SGD([*self.generator.parameters(), *self.rtnet.parameters()], lr=self.aux_lr,
+                                        momentum=0.5)
+        self._rng, self._mmd = rng, []
+        upload, client_state = super().local_update(message, client_state, data, rng)
+        client_state["rtnet"], client_state["prototypes"] = self.rt_state.get(), self._prototypes
+        upload.tensors["generator"] = self.gen_state.get()
+        upload.diagnostics["mmd_real_synthetic"] = sum(self._mmd) / max(len(self._mmd), 1)
+        return upload, client_state
+
+    def aggregate(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]],
+                  round_idx: int) -> dict[str, Any]:
+        server = super().aggregate(server_state, uploads, round_idx)
+        generator = weighted_mean([m.tensors["generator"] for _, m in uploads], [m.num_samples for _, m in uploads])
+        return {**server, "generator": generator, "round": round_idx}
+
+    # ------------------------------------------------------------------ building blocks
+
+    def weights(self, round_idx: int) -> tuple[float, float, float]:
+        """(lam, w_real, w_syn) in round `round_idx` of R: the residuals' scale (Eq. 3) and the weights of the
+        real and synthetic cross-entropies in the model's loss."""
+        ramp = math.exp(self.gamma * (round_idx - self.num_rounds))
+        lam = ramp if self.smoothing else 1.0
+        if self.variant == "code":
+            share = min(0.5, ramp)
+            return lam, 1.0 - share, share
+        return lam, 1.0, 1.0
+
+    def draw(self, n: int) -> torch.Tensor:
+        """Noise z (n, latent) from the client's stream: N(0, I) ("paper") or U[0, 1) ("code")."""
+        shape = (n, self.width)
+        draw = torch.randn if self.variant == "paper" else torch.rand
+        return draw(shape, generator=self._rng).to(self.device)
+
+    def synthetic(self, u: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The synthetic embeddings of one step (Eq. 3), as {"v": G(z, y) (B, F), "u_hat": around the real
+        embeddings u (B, F)} plus, with prototypes, {"y_c": class-balanced labels (B,), "anchor_c": their
+        prototypes (B, F), "u_hat_c": around them (B, F)}."""
+        v = self.generator(self.draw(len(y)), y)
+        out = {"v": v, "u_hat": u + self._lam * (self.rtnet(v, y) if self.use_rtnet else v)}
+        if self.use_prototypes:
+            c = self.federation.num_classes
+            start = int(torch.randint(c, (1,), generator=self._rng))
+            y_c = (start + torch.arange(len(y), device=self.device)) % c  # every class in turn
+            v_c = self.generator(self.draw(len(y)), y_c)
+            anchor = self._prototypes[y_c]
+            out.update(y_c=y_c, anchor_c=anchor, u_hat_c=anchor + self._lam * (self.rtnet(v_c, y_c) if self.use_rtnet else v_c))
+        return out
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+                   client_state: dict[str, Any]) -> torch.Tensor:
+        loss, u = self.model_step(x, y, opt)
+        self.auxiliary_step(u, y)
+        return loss
+
+    def model_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 1: update the prototypes, then one step of the model on ``w_real L_real + w_syn L_syn`` with G
+        and RTNet fixed (eval mode, as the code); the synthetic loss reaches the head only. Returns the loss
+        and the batch's embeddings u (B, F), detached."""
+        head = self.model.head
+        opt.zero_grad(set_to_none=True)
+        u = self.model.features(x)  # (B, F)
+        real = F.cross_entropy(head(u), y)
+        with torch.no_grad():  # the prototypes: an EMA of the batch's class means, for the classes it holds
+            for c in y.unique():
+                self._prototypes[c] = (1 - self.ema) * self._prototypes[c] + self.ema * u[y == c].mean(0)
+        self.generator.eval(), self.rtnet.eval()
+        with torch.no_grad():
+            s = self.synthetic(u.detach(), y)
+        syn = F.cross_entropy(head(s["u_hat"]), y)
+        if self.use_prototypes:
+            syn = syn + F.cross_entropy(head(s["u_hat_c"]), s["y_c"])
+        loss = self._w_real * real + self._w_syn * syn
+        loss.backward()
+        opt.step()
+        return loss.detach(), u.detach()
+
+    def auxiliary_step(self, u: torch.Tensor, y: torch.Tensor) -> None:
+        """Stage 2: one step of G on Eq. 5 and of RTNet on Eq. 6, each on the gradient of its own loss, with the
+        model fixed; u (B, F) are the batch's real embeddings."""
+        head = self.model.head
+        self.generator.train(), self.rtnet.train()
+        head.requires_grad_(False)
+        try:
+            s = self.synthetic(u, y)
+            logits = head(s["u_hat"])
+            gap = mmd(s["u_hat"], u)
+            if self.variant == "paper":
+                gen_loss = F.cross_entropy(logits, y) - self.alpha * gap
+            else:  # the code scores the generator's own output
+                gen_loss = F.cross_entropy(head(s["v"]), y) - self.alpha * mmd(s["v"], u)
+            params = list(self.generator.parameters())
+            grads = list(torch.autograd.grad(gen_loss, params, retain_graph=self.use_rtnet))
+            if self.use_rtnet:
+                rt_loss = -entropy(logits) + self.beta * gap
+                if self.use_prototypes:
+                    rt_loss = rt_loss - entropy(head(s["u_hat_c"])) + self.beta * mmd(s["u_hat_c"], s["anchor_c"])
+                rt_params = list(self.rtnet.parameters())
+                params += rt_params
+                grads += torch.autograd.grad(rt_loss, rt_params)
+        finally:
+            head.requires_grad_(True)
+        self._aux_opt.zero_grad(set_to_none=True)
+        for p, g in zip(params, grads):
+            p.grad = g
+        self._aux_opt.step()
+        self._mmd.append(float(gap.detach()))
