@@ -174,7 +174,7 @@ def test_smoke_distrans_ablations_headline_numbers(smoke_book):
     assert glue["verdict_summary"].startswith(f"{n} verdicts: {n - 4} inconclusive")
 
 
-@pytest.mark.parametrize("stem", ["distrans", "ot_fedavg", "fedrdn", "fedrdn_analysis"])
+@pytest.mark.parametrize("stem", ["distrans", "ot_fedavg", "fedrdn", "fedrdn_analysis", "fraug"])
 def test_smoke_verdicts_on_one_seed_are_all_inconclusive(smoke_book, stem):
     glue = book.read_glue(smoke_book[0] / "chapters" / f"{stem}.ipynb")
     assert book.profile_parameters(PROFILES, stem, "smoke")["SEEDS"] == [0]
@@ -332,11 +332,35 @@ def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):
         assert 0.0 <= glue[f"epochs_drop_{name}"] <= glue[f"epochs_range_{name}"] <= 1.0
 
 
+def test_smoke_fraug_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "fraug.ipynb")
+    params = book.profile_parameters(PROFILES, "fraug", "smoke")
+    seeds, methods, sizes = params["SEEDS"], params["METHODS"], params["SIZES"]
+    assert glue["num_seeds"] == len(seeds) and glue["samples_per_domain"] == params["SAMPLES_PER_DOMAIN"]
+    # distinct runs: Table 2's methods; the ablation's rows but its last (FRAug itself, Table 2's run); Fig. 2's
+    # methods at each size but the full one (Table 2's runs again)
+    partial = [f for f in sizes if f != 1.0]
+    assert glue["num_runs"] == len(seeds) * (len(methods) + len(params["ABLATION"]) - 1
+                                             + len(params["SIZE_METHODS"]) * len(partial))
+    for m in methods:
+        assert 0.0 <= glue[f"t2_{m}"] <= 1.0
+    assert glue["t3_" + str(len(params["ABLATION"]) - 1)] == glue["t2_fraug"]    # the ablation's last row is FRAug
+    for m in params["SIZE_METHODS"]:
+        assert glue[f"fig2_{m}_100"] == glue[f"t2_{m}"]                         # the full size is Table 2's run
+    assert 0.0 <= glue["t1_before"] <= 1.0 and 0.0 <= glue["t1_after"] <= 1.0
+    # the generator travels both ways on top of FedBN's upload: a little more, never less; RTNet never does
+    assert 1.0 < glue["bytes_ratio"] < 2.0 and glue["time_ratio"] > 0
+    assert glue["mmd_full_first"] > 0 and glue["mmd_full_last"] > 0
+    for kind in ("real", "generated", "transformed"):
+        assert -1.0 <= glue[f"client_separation_{kind}"] <= 1.0
+
+
 def test_book_pages_and_status_page_are_built(smoke_book):
     book_dir, html = smoke_book
     for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/baselines",
                  "chapters/distrans_toys", "chapters/distrans", "chapters/distrans_ablations",
-                 "chapters/ot_alignment", "chapters/ot_fedavg", "chapters/fedrdn", "chapters/fedrdn_analysis", "chapters/status"):
+                 "chapters/ot_alignment", "chapters/ot_fedavg", "chapters/fedrdn", "chapters/fedrdn_analysis", "chapters/fraug",
+                 "chapters/status"):
         assert (html / f"{page}.html").exists(), page
     status = (html / "chapters" / "status.html").read_text()
     assert "quickstart" in status and "heterogeneity" in status and "smoke" in status

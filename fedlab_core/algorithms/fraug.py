@@ -57,8 +57,10 @@ used at test time. There is no global model (``global_model`` False). Each uploa
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +69,9 @@ from torch import nn
 from ..params import OneOf, Range
 from .base import Algorithm, FlatState, Message, Training, weighted_mean
 from .fedbn import FedBN
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 VARIANTS = ("paper", "code")
 
@@ -200,6 +205,23 @@ class FRAug(FedBN):
         generator = weighted_mean([m.tensors["generator"] for _, m in uploads], [m.num_samples for _, m in uploads])
         return {**server, "generator": generator, "round": round_idx}
 
+    @torch.no_grad()
+    def samples(self, server_state: dict[str, Any], client_state: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
+                seed: int = 0) -> dict[str, torch.Tensor]:
+        """What a client's networks make of a batch, for pictures: its real embeddings ``u = f(x)``, the
+        generator's ``v_hat = G(z, y)`` and the transformed ``u_hat = u + lam m(v_hat, y)`` (lam of the last
+        round trained), each (B, F), every network in eval mode, the noise from `seed`."""
+        self.load(server_state["weights"], client_state)
+        self.gen_state.set(server_state["generator"])
+        self.rt_state.set(client_state["rtnet"])
+        for net in (self.model, self.generator, self.rtnet):
+            net.eval()
+        self._rng = torch.Generator().manual_seed(seed)
+        u = self.model.features(x)
+        v = self.generator(self.draw(len(y)), y)
+        lam = self.weights(max(1, int(server_state["round"])))[0]
+        return {"real": u, "generated": v, "transformed": u + lam * (self.rtnet(v, y) if self.use_rtnet else v)}
+
     # ------------------------------------------------------------------ building blocks
 
     def weights(self, round_idx: int) -> tuple[float, float, float]:
@@ -291,3 +313,54 @@ class FRAug(FedBN):
             p.grad = g
         self._aux_opt.step()
         self._mmd.append(float(gap.detach()))
+
+
+# ---------------------------------------------------------------------- the motivation study (Table 1)
+
+def head_finetuning(config, fraction: float = 0.1, epochs: int = 20) -> "pd.DataFrame":
+    """FRAug's Table 1 on the split of `config`: every client trains the model alone (the Single baseline,
+    with the config's local training and rounds) on a class-stratified `fraction` of its training data; then
+    the feature extractor is frozen and only the head is fine-tuned for `epochs` passes on the embeddings of
+    all the client's training data (SGD, the config's learning rate and momentum, batches of the config's
+    size). Both models are scored on the client's test set.
+
+    Returns one row per client: ``client`` (its domain or id), ``trained_on`` and ``finetuned_on`` (image
+    counts), ``before`` and ``after`` (test accuracy).
+    """
+    import pandas as pd
+
+    from ..data import partition as P
+    from ..runs import build, one_thread
+
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction: must be in (0, 1), got {fraction}")
+    with one_thread():
+        sim = build(config.replace(algorithm="single"), torch.device("cpu"), progress=False)
+        full = sim.federation
+        small = []
+        for c in full.clients:
+            keep, _ = P.stratified_split(c.y_train.numpy(), 1 - fraction, config.seed * 100_003 + c.cid)
+            keep = torch.as_tensor(keep)
+            small.append(dataclasses.replace(c, x_train=c.x_train[keep], y_train=c.y_train[keep]))
+        sim.federation = dataclasses.replace(full, clients=small)
+        state = sim.run()
+        algo, rows = sim.algorithm, []
+        for c_full, c in zip(full.clients, small):
+            algo.shared.set(state.clients[c.cid]["model"])
+            model = algo.model.eval()
+            with torch.no_grad():
+                before = float((model(c.x_test).argmax(1) == c.y_test).float().mean())
+                z, z_test = model.features(c_full.x_train), model.features(c.x_test)  # (n, F) with frozen statistics
+            head = copy.deepcopy(model.head)
+            opt = torch.optim.SGD(head.parameters(), lr=config.lr, momentum=config.momentum)
+            rng = torch.Generator().manual_seed(config.seed * 100_003 + c.cid)
+            for _ in range(epochs):
+                for idx in torch.randperm(len(z), generator=rng).split(config.batch_size):
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(head(z[idx]), c_full.y_train[idx]).backward()
+                    opt.step()
+            with torch.no_grad():
+                after = float((head(z_test).argmax(1) == c.y_test).float().mean())
+            rows.append({"client": c.domain or c.cid, "trained_on": c.num_train, "finetuned_on": c_full.num_train,
+                         "before": before, "after": after})
+    return pd.DataFrame(rows)
