@@ -408,7 +408,7 @@ def test_unknown_name_and_registry():
     for name in ("fashion_mnist", "mnist_m", "pacs", "domainnet"):
         assert name in str(info.value)
     assert sources.dataset_names() == sorted(sources.LOADERS)
-    assert len(sources.dataset_names()) == 12
+    assert len(sources.dataset_names()) == 13
     for name, fn in sources.LOADERS.items():
         assert fn.__name__ == f"load_{name}" and fn.__doc__
 
@@ -510,3 +510,39 @@ def test_real_fashion_mnist(tmp_path, monkeypatch):
     assert ds.input_shape == (1, 28, 28) and ds.num_classes == 10 and len(ds.classes) == 10
     assert torch.bincount(ds.y_train).tolist() == [6000] * 10
     assert ds.x_train.dtype == torch.float32 and ds.x_train.max().item() == 1.0 and ds.x_train.min().item() == 0.0
+
+
+def test_digits4_reads_the_four_loaders_as_three_channel_domains(tmp_path):
+    from scipy.io import savemat
+
+    make_idx_set(tmp_path / "mnist", n_train=40, n_test=20)                  # MNIST; MNIST-M is built from it
+    rng = np.random.default_rng(4)
+    (tmp_path / "svhn").mkdir()
+    X = rng.integers(0, 256, (32, 32, 3, 40), dtype=np.uint8)
+    savemat(tmp_path / "svhn" / "train_32x32.mat", {"X": X, "y": (np.arange(40) % 10 + 1).reshape(-1, 1)})
+    savemat(tmp_path / "svhn" / "test_32x32.mat", {"X": X[..., :10], "y": (np.arange(10) + 1).reshape(-1, 1)})
+    write_usps(tmp_path / "usps" / "usps.bz2", np.arange(20) % 10 + 1, rng.uniform(-1, 1, (20, 256)))
+    write_usps(tmp_path / "usps" / "usps.t.bz2", np.arange(10) + 1, rng.uniform(-1, 1, (10, 256)))
+    ds = sources.load("digits4", tmp_path, train_share=0.5, seed=0)
+    assert_valid(ds, (3, 28, 28))
+    assert ds.domains == ["mnist", "mnist_m", "svhn", "usps"]
+    # half of each domain's training images, class-stratified; every test image
+    assert torch.bincount(ds.domain_train).tolist() == [20, 20, 20, 10]
+    assert torch.bincount(ds.domain_test).tolist() == [20, 20, 10, 10]
+    for d in range(4):
+        assert torch.bincount(ds.y_train[ds.domain_train == d], minlength=10).max() - \
+            torch.bincount(ds.y_train[ds.domain_train == d], minlength=10).min() <= 1
+    # grey MNIST is repeated over the channels; SVHN's 32x32 images are resized
+    mnist = ds.x_test[ds.domain_test == 0]
+    assert torch.equal(mnist[:, 0], mnist[:, 1]) and torch.equal(mnist[:, 1], mnist[:, 2])
+    assert torch.allclose(mnist[:, 0], sources.load("mnist", tmp_path).x_test[:, 0])
+    again = sources.load("digits4", tmp_path, train_share=0.5, seed=0)
+    assert torch.equal(again.x_train, ds.x_train)
+    assert not torch.equal(sources.load("digits4", tmp_path, train_share=0.5, seed=1).y_train, ds.y_train) or \
+        not torch.equal(sources.load("digits4", tmp_path, train_share=0.5, seed=1).x_train, ds.x_train)
+
+
+def test_digits4_without_a_domain_names_the_missing_files(tmp_path):
+    make_idx_set(tmp_path / "mnist", n_train=12, n_test=5)
+    with pytest.raises(DatasetNotFoundError, match="svhn"):
+        sources.load("digits4", tmp_path)

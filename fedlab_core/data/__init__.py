@@ -19,7 +19,7 @@ from .base import Dataset, DatasetNotFoundError, data_root
 from ..params import Range, Subset, check
 from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, TEN_DOMAINS, make_domains
 from .federation import ClientData, Federation, federate, hold_out
-from .sources import DOMAIN_DATASETS, LOADERS, load
+from .sources import DIGIT_DOMAINS, DOMAIN_DATASETS, LOADERS, load
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(10, 1_347, shape=(1, 8, 8)),
     "mnist": DatasetInfo(10, 60_000, shape=(1, 28, 28)),
     "mnist_m": DatasetInfo(10, None, image_size=28),
+    "digits4": DatasetInfo(10, None, has_domains=True, image_size=28, domains=DIGIT_DOMAINS),
     "cifar10": DatasetInfo(10, 50_000, shape=(3, 32, 32)),
     "cifar100": DatasetInfo(100, 50_000, shape=(3, 32, 32)),
     "svhn": DatasetInfo(10, 73_257, shape=(3, 32, 32)),
@@ -70,7 +71,8 @@ DATASETS: dict[str, DatasetInfo] = {
 # The ranges of the loaders' options, by name (an option means the same in every loader that has it).
 LOADER_CONSTRAINTS = {"image_size": Range(1), "test_fraction": Range(0, 1, high_open=True), "max_per_domain": Range(1),
                       "seed": Range(0), "domain_seed": Range(0), "samples_per_domain": Range(1),
-                      "test_per_domain": Range(1), "threshold": Range(0, 1)}
+                      "test_per_domain": Range(1), "threshold": Range(0, 1),
+                      "train_share": Range(0, 1, low_open=True), "test_share": Range(0, 1, low_open=True)}
 
 
 def check_dataset_params(name: str, params: dict, field: str = "dataset_params") -> dict:

@@ -640,6 +640,47 @@ load_office_caltech10 = _domain_loader("office_caltech10", "Office-Caltech-10 (1
 load_domainnet = _domain_loader("domainnet", "DomainNet (345 classes)")
 
 
+# ------------------------------------------------------------------------------ Digits, four domains
+
+DIGIT_DOMAINS = ("mnist", "mnist_m", "svhn", "usps")
+
+
+def _subset(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    """Indices of a class-stratified, seeded `fraction` of labels y (all of them when fraction is 1)."""
+    if fraction >= 1.0:
+        return torch.arange(len(y))
+    keep, _ = stratified_split(y.numpy(), 1.0 - fraction, seed)
+    return torch.as_tensor(keep)
+
+
+def load_digits4(root: str | Path | None = None, domains: Sequence[str] = DIGIT_DOMAINS, image_size: int = 28,
+                 train_share: float = 1.0, test_share: float = 1.0, seed: int = 0) -> Dataset:
+    """The Digits benchmark of FedBN and FRAug: MNIST, MNIST-M, SVHN and USPS, one domain each, read by their
+    own loaders (each needs its files; MNIST-M is built from MNIST when its folder is absent).
+
+    Every image becomes 3 x `image_size` x `image_size` (grey images repeated over the channels, then a
+    bilinear resize with antialiasing). `train_share` keeps a class-stratified share of each domain's training
+    images (FRAug: 1%), `test_share` of its test images; both seeded by `seed` and the domain.
+    """
+    xs, ys, dom, xt, yt, domt = [], [], [], [], [], []
+    for d, name in enumerate(domains):
+        ds = LOADERS[name](root)
+        for x, y, xo, yo, do, share in ((ds.x_train, ds.y_train, xs, ys, dom, train_share),
+                                         (ds.x_test, ds.y_test, xt, yt, domt, test_share)):
+            keep = _subset(y, share, seed * 1_000 + d)
+            x = x[keep]
+            x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+            if x.shape[-1] != image_size:
+                x = torch.nn.functional.interpolate(x, size=(image_size, image_size), mode="bilinear",
+                                                    antialias=True, align_corners=False).clamp(0, 1)
+            xo.append(x.contiguous())
+            yo.append(y[keep])
+            do.append(torch.full((len(keep),), d, dtype=torch.int64))
+    return Dataset(torch.cat(xs), torch.cat(ys), torch.cat(xt), torch.cat(yt), num_classes=10, name="digits4",
+                   classes=list(DIGIT_CLASSES), domains=list(domains), domain_train=torch.cat(dom),
+                   domain_test=torch.cat(domt))
+
+
 # ----------------------------------------------------------------------------------------------- registry
 
 LOADERS: dict[str, Callable[..., Dataset]] = {
@@ -651,6 +692,7 @@ LOADERS: dict[str, Callable[..., Dataset]] = {
     "usps": load_usps,
     "digits": load_digits,
     "mnist_m": load_mnist_m,
+    "digits4": load_digits4,
     "pacs": load_pacs,
     "officehome": load_officehome,
     "office_caltech10": load_office_caltech10,
