@@ -48,6 +48,7 @@ test: env data browser  ## the whole test suite, from scratch
 bench: env data  ## speed measurements (ratios, not tests)
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/augment_overhead.py
+	$(PY) benchmarks/fraug_overhead.py
 
 lab: env data  ## JupyterLab on the notebooks, with this environment as the kernel
 	$(PY) -m pip install --quiet -e '.[lab]'
