@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:
         work = prepare_run(args) if args.command == "run" else prepare_partition(args)
-    except ValueError as err:  # invalid input: nothing was loaded or written
+    except (ValueError, FileNotFoundError) as err:  # invalid input or a missing model file: nothing was loaded or written
         return _fail(err, 2, args.debug)
     try:
         out = work()

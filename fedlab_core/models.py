@@ -291,6 +291,29 @@ class ResNet18(_ResNet):
             _load_resnet18_weights(net, Path(weights_path), in_channels)
 
 
+IMAGENET_RESNET18 = "resnet18-f37072fd.pth"  # torchvision's file name for ResNet18_Weights.IMAGENET1K_V1
+
+
+def imagenet_weights_path() -> Path:
+    """Where ``resnet18_imagenet`` reads its ImageNet weights: ``<data root>/weights/resnet18-f37072fd.pth``
+    (the data root as for datasets: ``$FEDLAB_DATA_DIR``, else ``data/`` of this checkout)."""
+    from .data.base import data_root
+
+    return data_root() / "weights" / IMAGENET_RESNET18
+
+
+class ResNet18ImageNet(ResNet18):
+    """ResNet-18 initialised with ImageNet weights read from :func:`imagenet_weights_path` (FRAug's and
+    FedBN's backbone on PACS and OfficeHome); weights are never downloaded. A run's config is refused when
+    the file is absent (:meth:`required_file`); a structural build on PyTorch's meta device reads nothing."""
+
+    required_file = staticmethod(imagenet_weights_path)
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 224):
+        meta = torch.empty(0).is_meta
+        super().__init__(in_channels, num_classes, image_size, weights_path=None if meta else imagenet_weights_path())
+
+
 class ResNet50(_ResNet):
     """ResNet-50 (He et al. 2016) from torchvision: bottleneck blocks, 2048 features; no pretrained weights."""
 
@@ -360,6 +383,7 @@ MODELS = {
     "ot_resnet": OTResNet,
     "alexnet_bn": AlexNetBN,
     "resnet18": ResNet18,
+    "resnet18_imagenet": ResNet18ImageNet,
     "resnet50": ResNet50,
     "mlp": MLP,
     "mlp_bn": functools.partial(MLP, batch_norm=True),

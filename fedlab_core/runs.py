@@ -189,6 +189,11 @@ def _check_model(c: RunConfig) -> None:
         model = meta_model(name, shape, info.num_classes)
     except ValueError as err:
         raise ValueError(f"model: {name!r} cannot take {c.dataset!r} images of shape {shape}: {err}") from None
+    required = getattr(MODELS.get(name), "required_file", None)   # e.g. resnet18_imagenet's weights
+    if required is not None and not required().is_file():
+        raise FileNotFoundError(f"model: {name!r} needs its weights file {required()}, which is absent; weights are "
+                                f"never downloaded: on a machine with internet save torchvision's ImageNet weights "
+                                f"there (torchvision.models.resnet18(weights='IMAGENET1K_V1').state_dict())")
     for field_name, make in (("algorithm_params", lambda: ALGORITHMS[c.algorithm](training=c.training(),
                                                                                     **c.algorithm_params)),
                              ("augment_params", lambda: AUGMENTS[c.augment](**c.augment_params))):

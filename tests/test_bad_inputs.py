@@ -69,6 +69,7 @@ CLI_CASES = [  # (arguments of `run`, a fragment the one-line message must conta
     (["--algorithm", "scaffold", "--algorithm-param", "sample_weighted=maybe"], "'scaffold' parameter 'sample_weighted' must be true or false"),
     (["--algorithm", "partialfed", "--algorithm-param", "keep_patterns=head.*"], "'partialfed' parameter 'keep_patterns' must be a list of strings"),
     (["--algorithm", "partialfed", "--algorithm-param", 'keep_patterns=["zzz*"]'], "pattern 'zzz*' matches no entry of MLP"),
+    (["--algorithm", "fraug", "--model", "resnet18_imagenet"], "model: 'resnet18_imagenet' needs its weights file"),
     (["--algorithm", "fedbn", "--dataset", "fashion_mnist", "--model", "auto"], "model: 'lenet5' cannot be used here: 'fedbn' keeps each client's batch-norm layers local, and LeNet5 has no batch-norm layer"),
     (["--algorithm", "fedfa"], "'fedfa' re-styles the statistics of convolutional feature maps, and MLP has no convolutional block"),
     (["--algorithm", "fedfa", "--model", "digit", "--algorithm-param", 'layers=["conv.99"]'], "'conv.99' is not a module of DigitModel"),

@@ -171,7 +171,7 @@ def test_registered_and_configurable_by_name():
         RunConfig(augment="fedrdn", augment_params={"lam": 0.1})
 
 
-MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fedfa": "digit"}  # they need batch norm or conv layers
+MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fraug": "mlp_bn", "fedfa": "digit"}  # they need batch norm or conv layers
 
 
 @pytest.mark.parametrize("algorithm", sorted(set(ALGORITHMS) - {"fedaws"}))

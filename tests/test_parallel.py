@@ -19,7 +19,7 @@ from fedlab_core.parallel import WorkerDiedError, available_cores
 from fedlab_core.runs import resolve_workers
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fedfa": "digit", "pfedhn": "mlp_bn"}
+MODEL_FOR = {"fedbn": "mlp_bn", "partialfed": "mlp_bn", "fraug": "mlp_bn", "fedfa": "digit", "pfedhn": "mlp_bn"}
 
 
 def _numbers(history):

@@ -165,7 +165,8 @@ def test_cli_run_json_prints_exactly_one_json_object(tmp_path):
     assert set(doc) == {"config", "final", "rounds", "meta"}
     assert set(doc["final"]) == {"global_accuracy", "mean_client_accuracy"}
     assert [r["round"] for r in doc["rounds"]] == [1, 2]
-    assert all(set(r) == {"round", "clients", "failed", "train_loss", "global_accuracy", "bytes_up", "bytes_down"}
+    assert all(set(r) == {"round", "clients", "failed", "train_loss", "global_accuracy", "mean_client_accuracy",
+                          "bytes_up", "bytes_down"}
                for r in doc["rounds"])
     assert all(isinstance(r["bytes_up"], int) and r["bytes_up"] > 0 for r in doc["rounds"])
     assert doc["config"]["partition"] == "dirichlet" and 0.0 <= doc["final"]["global_accuracy"] <= 1.0
