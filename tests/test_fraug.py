@@ -253,3 +253,17 @@ def test_the_same_numbers_whatever_the_worker_count():
                        local_steps=3, batch_size=32, lr=0.1, seed=1)
     rows = [_numbers(build(config, torch.device("cpu"), progress=False, workers=w).run()) for w in (1, 2)]
     assert rows[0] == rows[1]
+
+
+@pytest.mark.parametrize("name,value", [("alpha", 3.0), ("beta", 3.0), ("latent", 7), ("aux_lr", 0.2), ("gamma", 0.5),
+                                        ("variant", "code"), ("smoothing", False), ("rtnet", False),
+                                        ("prototypes", False), ("ema", 0.9)])
+def test_every_parameter_changes_what_a_client_uploads(name, value):
+    def upload(**params):
+        a, state, _, _ = _ready(FRAug(Training(lr=0.1, local_steps=3), **params), round_idx=2)
+        msg = dataclasses.replace(a.server_message(state.server, 0), metrics={"round": 2})
+        up, _ = a.local_update(msg, state.clients[0], a.federation.clients[0], client_generator(0, 2, 0))
+        return up.tensors
+
+    base, changed = upload(), upload(**{name: value})
+    assert any(base[k].shape != changed[k].shape or not torch.equal(base[k], changed[k]) for k in base), name

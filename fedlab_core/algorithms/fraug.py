@@ -270,8 +270,10 @@ class FRAug(FedBN):
         u = self.model.features(x)  # (B, F)
         real = F.cross_entropy(head(u), y)
         with torch.no_grad():  # the prototypes: an EMA of the batch's class means, for the classes it holds
-            for c in y.unique():
-                self._prototypes[c] = (1 - self.ema) * self._prototypes[c] + self.ema * u[y == c].mean(0)
+            counts = torch.bincount(y, minlength=len(self._prototypes)).unsqueeze(1)  # (C, 1)
+            means = torch.zeros_like(self._prototypes).index_add_(0, y, u) / counts.clamp_min(1)  # (C, F)
+            rate = self.ema * (counts > 0)  # 0 for the classes the batch lacks: they keep their prototype
+            self._prototypes.mul_(1 - rate).add_(rate * means)
         self.generator.eval(), self.rtnet.eval()
         with torch.no_grad():
             s = self.synthetic(u.detach(), y)
