@@ -445,3 +445,48 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
             if key in params and not (feature_skew_only and key in ("NUM_CLIENTS", "MAX_TRAIN_SAMPLES",
                                                                      "MAX_TEST_SAMPLES")):
                 assert params[key] == tuning[key], (stem, key)
+
+
+def test_fraug_chapter_runs_tables_1_and_2_on_another_benchmark(tmp_path, monkeypatch):
+    # the paper profile's path on a tiny PACS written here: its own table, numbers and verdicts
+    import papermill
+    from test_sources import make_pacs
+
+    make_pacs(tmp_path / "data", per_class=6)
+    monkeypatch.setenv("FEDLAB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    methods = ["single", "fedbn", "fraug"]   # FedBN: the cost table needs it
+    params = dict(book.profile_parameters(PROFILES, "fraug", "smoke"), SEEDS=[0], METHODS=methods,
+                  ABLATION=["+ smoothing (FRAug)"], SIZES=[1.0], NUM_ROUNDS=1, SAMPLES_PER_DOMAIN=30,
+                  TEST_PER_DOMAIN=20, FINETUNE_EPOCHS=1, UMAP_PER_CLIENT=10, WORKERS=1,
+                  OTHER_BENCHMARKS=[{"dataset": "pacs", "model": "lenet5_bn", "image_size": 28, "data_fraction": 0.5,
+                                     "test_fraction": 1.0, "gamma": 0.01}])
+    out = tmp_path / "fraug.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "fraug.ipynb"), str(out), parameters=params,
+                               kernel_name="python3", cwd=str(tmp_path), progress_bar=False)
+    glue = book.read_glue(out)
+    for m in methods:
+        assert 0.0 <= glue[f"t2_pacs_{m}"] <= 1.0
+    assert 0.0 <= glue["t1_pacs_before"] <= 1.0 and 0.0 <= glue["t1_pacs_after"] <= 1.0
+    # Tables 1 and 2 on each benchmark (Table 2: FRAug against each other method), Fig. 2 at its one size
+    assert glue["verdict_count"] == 2 * len(methods) + 1
+    text = out.read_text()
+    assert "Table 2 (PACS): FRAug beats Single" in text and "**PACS** (`pacs`" in text
+
+
+def test_fraug_paper_profile_names_the_papers_three_benchmarks_with_valid_options():
+    from fedlab_core.data import check_dataset_params
+    from fedlab_core.models import MODELS
+
+    p = book.profile_parameters(PROFILES, "fraug", "paper")
+    main = {"dataset": p["DATASET"], "model": p["MODEL"], "image_size": p["IMAGE_SIZE"],
+            "data_fraction": p["DATA_FRACTION"], "test_fraction": p["TEST_FRACTION"], "gamma": p["GAMMA"]}
+    benchmarks = [main, *p["OTHER_BENCHMARKS"]]
+    assert sorted(b["dataset"] for b in benchmarks) == ["digits4", "officehome", "pacs"]
+    for b in benchmarks:
+        assert b["model"] in MODELS and set(b) == set(main)
+        check_dataset_params(b["dataset"], {"train_share": b["data_fraction"], "test_share": b["test_fraction"],
+                                            "image_size": b["image_size"]})
+    # the code's shares and schedule rates: 1% and 0.002 on Digits, 10% and 0.01 on PACS and OfficeHome
+    assert {b["dataset"]: (b["data_fraction"], b["gamma"]) for b in benchmarks} == {
+        "digits4": (0.01, 0.002), "pacs": (0.1, 0.01), "officehome": (0.1, 0.01)}

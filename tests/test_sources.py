@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedlab_core.data import sources
+from fedlab_core.data import check_dataset_params, sources
 from fedlab_core.data.base import DataFileError, Dataset, DatasetNotFoundError
 
 IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -453,6 +453,26 @@ def test_domain_loader_split_is_stratified_deterministic_and_ids_match(tmp_path)
     assert torch.equal(ds.x_test, again.x_test) and torch.equal(ds.domain_test, again.domain_test)
     other = sources.load_pacs(tmp_path, image_size=8, seed=1)
     assert not torch.equal(decode_ids(ds.x_test)[2], decode_ids(other.x_test)[2])
+
+
+def test_domain_loader_shares_keep_a_stratified_subset_of_each_side(tmp_path):
+    make_pacs(tmp_path, per_class=20)   # per (domain, class): 16 train, 4 test
+    full = sources.load_pacs(tmp_path, image_size=8)
+    part = sources.load_pacs(tmp_path, image_size=8, train_share=0.25, test_share=0.5)
+    for d in range(4):
+        n_cls = 2 if PACS_DOMAINS[d] == "sketch" else 3
+        assert torch.bincount(part.y_train[part.domain_train == d], minlength=3).tolist()[:n_cls] == [4] * n_cls
+        assert torch.bincount(part.y_test[part.domain_test == d], minlength=3).tolist()[:n_cls] == [2] * n_cls
+    # a subset of the same split: every kept image is one the full load has on the same side
+    for kept, every in ((part.x_train, full.x_train), (part.x_test, full.x_test)):
+        ids = lambda x: set(zip(*(t.tolist() for t in decode_ids(x))))
+        assert ids(kept) <= ids(every)
+    again = sources.load_pacs(tmp_path, image_size=8, train_share=0.25, test_share=0.5)
+    assert torch.equal(part.x_train, again.x_train) and torch.equal(part.x_test, again.x_test)
+    tiny = sources.load_pacs(tmp_path, image_size=8, train_share=0.01)
+    assert (torch.bincount(tiny.y_train[tiny.domain_train == 0], minlength=3) == 1).all()  # every class kept once
+    with pytest.raises(ValueError, match="train_share"):
+        check_dataset_params("pacs", {"train_share": 0.0})
 
 
 def test_domain_loader_options(tmp_path):

@@ -526,6 +526,15 @@ DOMAIN_DATASETS = {
 }
 
 
+def _share(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of a class-stratified, seeded `fraction` of `labels` (all of them when fraction is 1;
+    every class keeps at least one sample)."""
+    if fraction >= 1.0:
+        return np.arange(len(labels))
+    keep, _ = stratified_split(labels, 1.0 - fraction, seed)
+    return keep
+
+
 def _domain_class_root(domain_dir: Path) -> list[Path]:
     """Folders holding ``<class>/`` subfolders: ``train`` and ``test`` when both exist, else the domain."""
     if (domain_dir / "train").is_dir() and (domain_dir / "test").is_dir():
@@ -535,7 +544,8 @@ def _domain_class_root(domain_dir: Path) -> list[Path]:
 
 def _load_domains(name: str, root: str | Path | None, image_size: int = 64,
                   domains: Sequence[str] | None = None, max_per_domain: int | None = None,
-                  test_fraction: float = 0.2, seed: int = 0) -> Dataset:
+                  test_fraction: float = 0.2, train_share: float = 1.0, test_share: float = 1.0,
+                  seed: int = 0) -> Dataset:
     dir_name, all_domains = DOMAIN_DATASETS[name]
     root = data_root(root)
     candidates = [root / dir_name] + ([root / dir_name.lower()] if dir_name.lower() != dir_name else [])
@@ -578,10 +588,12 @@ def _load_domains(name: str, root: str | Path | None, image_size: int = 64,
             _, te = stratified_split(labels, test_fraction, int(rng.integers(2**31)))
             is_test = np.zeros(len(keep), dtype=bool)
             is_test[te] = True
-        for side, mask in (("tr", ~is_test), ("te", is_test)):
-            parts[f"p_{side}"] += [paths[i] for i in keep[mask]]
-            parts[f"y_{side}"].append(labels[mask])
-            parts[f"d_{side}"].append(np.full(int(mask.sum()), dom_id, dtype=np.int64))
+        for side, mask, share in (("tr", ~is_test, train_share), ("te", is_test, test_share)):
+            chosen = np.flatnonzero(mask)
+            chosen = chosen[_share(labels[chosen], share, int(rng.integers(2**31)))]
+            parts[f"p_{side}"] += [paths[i] for i in keep[chosen]]
+            parts[f"y_{side}"].append(labels[chosen])
+            parts[f"d_{side}"].append(np.full(len(chosen), dom_id, dtype=np.int64))
 
     cat = {k: np.concatenate(v) for k, v in parts.items() if k[0] != "p"}
     return Dataset(_decode_all(parts["p_tr"], image_size), _to_y(cat["y_tr"]),
@@ -589,7 +601,8 @@ def _load_domains(name: str, root: str | Path | None, image_size: int = 64,
                    num_classes=len(classes), name=name, classes=classes, domains=selected,
                    domain_train=_to_y(cat["d_tr"]), domain_test=_to_y(cat["d_te"]),
                    notes={"path": str(base), "image_size": image_size, "seed": seed,
-                          "test_fraction": test_fraction, "max_per_domain": max_per_domain})
+                          "test_fraction": test_fraction, "max_per_domain": max_per_domain,
+                          "train_share": train_share, "test_share": test_share})
 
 
 _DOMAIN_DOC = """{title} in ImageFolder layout, one domain per client.
@@ -610,6 +623,10 @@ _DOMAIN_DOC = """{title} in ImageFolder layout, one domain per client.
         Cap on images per domain (train + test), a seeded random subset.
     test_fraction : float
         Share of each class put in test when a domain has no ``train/``/``test/`` folders.
+    train_share, test_share : float
+        Class-stratified, seeded share of each domain's training (test) images kept, after the split and
+        before any image is decoded (FRAug's clients hold 10% of a PACS or Office-Home domain); every class
+        keeps at least one image.
     seed : int
         Seed of the subset and the split.
 
@@ -623,9 +640,10 @@ _DOMAIN_DOC = """{title} in ImageFolder layout, one domain per client.
 
 def _domain_loader(name: str, title: str) -> Callable[..., Dataset]:
     def loader(root: str | Path | None = None, image_size: int = 64, domains: Sequence[str] | None = None,
-               max_per_domain: int | None = None, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
-        return _load_domains(name, root, image_size=image_size, domains=domains,
-                             max_per_domain=max_per_domain, test_fraction=test_fraction, seed=seed)
+               max_per_domain: int | None = None, test_fraction: float = 0.2, train_share: float = 1.0,
+               test_share: float = 1.0, seed: int = 0) -> Dataset:
+        return _load_domains(name, root, image_size=image_size, domains=domains, max_per_domain=max_per_domain,
+                             test_fraction=test_fraction, train_share=train_share, test_share=test_share, seed=seed)
 
     dir_name, doms = DOMAIN_DATASETS[name]
     loader.__name__ = loader.__qualname__ = f"load_{name}"
@@ -645,14 +663,6 @@ load_domainnet = _domain_loader("domainnet", "DomainNet (345 classes)")
 DIGIT_DOMAINS = ("mnist", "mnist_m", "svhn", "usps")
 
 
-def _subset(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
-    """Indices of a class-stratified, seeded `fraction` of labels y (all of them when fraction is 1)."""
-    if fraction >= 1.0:
-        return torch.arange(len(y))
-    keep, _ = stratified_split(y.numpy(), 1.0 - fraction, seed)
-    return torch.as_tensor(keep)
-
-
 def load_digits4(root: str | Path | None = None, domains: Sequence[str] = DIGIT_DOMAINS, image_size: int = 28,
                  train_share: float = 1.0, test_share: float = 1.0, seed: int = 0) -> Dataset:
     """The Digits benchmark of FedBN and FRAug: MNIST, MNIST-M, SVHN and USPS, one domain each, read by their
@@ -667,7 +677,7 @@ def load_digits4(root: str | Path | None = None, domains: Sequence[str] = DIGIT_
         ds = LOADERS[name](root)
         for x, y, xo, yo, do, share in ((ds.x_train, ds.y_train, xs, ys, dom, train_share),
                                          (ds.x_test, ds.y_test, xt, yt, domt, test_share)):
-            keep = _subset(y, share, seed * 1_000 + d)
+            keep = torch.as_tensor(_share(y.numpy(), share, seed * 1_000 + d))
             x = x[keep]
             x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
             if x.shape[-1] != image_size:
