@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import nbformat
 import yaml
@@ -81,9 +81,21 @@ def toc_chapters(toc: Path) -> list[str]:
     return [stem for stem in found if stem != "status"]
 
 
-def _stamp(notebook: Path, params: dict[str, Any]) -> str:
+# chapters that read the results other chapters record (``results/`` beside the executed notebooks): they
+# are executed after every other chapter, and again whenever those results change
+READS_RESULTS = ("report",)
+
+
+def _stamp(notebook: Path, params: dict[str, Any], results: Path | None = None) -> str:
     payload = notebook.read_bytes() + json.dumps(params, sort_keys=True).encode() + code_version().encode()
+    if results is not None:
+        payload += b"".join(p.name.encode() + p.read_bytes() for p in sorted(results.glob("*")) if p.is_file())
     return hashlib.sha256(payload).hexdigest()
+
+
+def execution_order(stems: list[str]) -> list[str]:
+    """The toc's chapters in the order they are executed: those of :data:`READS_RESULTS` last."""
+    return [s for s in stems if s not in READS_RESULTS] + [s for s in stems if s in READS_RESULTS]
 
 
 def _recorded(executed: Path) -> dict[str, Any]:
@@ -93,8 +105,9 @@ def _recorded(executed: Path) -> dict[str, Any]:
 
 
 def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: dict | None = None,
-            force: bool = False) -> list[str]:
-    """Execute the toc's notebooks with a profile; returns the stems that were (re-)executed."""
+            force: bool | Iterable[str] = False) -> list[str]:
+    """Execute the toc's notebooks with a profile; returns the stems that were (re-)executed. `force`: True
+    re-executes every notebook, a list of stems those (the others only when changed)."""
     import papermill
 
     if profile not in PROFILE_NAMES:
@@ -102,11 +115,16 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
     profiles = load_profiles() if profiles is None else profiles
     chapters.mkdir(parents=True, exist_ok=True)
     ran = []
-    for stem in toc_chapters(toc):
+    stems = toc_chapters(toc)
+    forced = set(stems) if force is True else set(force or ())
+    unknown = sorted(forced - set(stems))
+    if unknown:
+        raise ValueError(f"chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")
+    for stem in execution_order(stems):
         source, target = notebooks / f"{stem}.ipynb", chapters / f"{stem}.ipynb"
         params = profile_parameters(profiles, stem, profile)
-        stamp = _stamp(source, params)
-        if not force and _recorded(target).get("stamp") == stamp:
+        stamp = _stamp(source, params, chapters / "results" if stem in READS_RESULTS else None)
+        if stem not in forced and _recorded(target).get("stamp") == stamp:
             print(f"[book] {stem}: unchanged, kept", flush=True)
             continue
         print(f"[book] {stem}: executing with the {profile!r} profile", flush=True)
@@ -121,6 +139,10 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
             if backend is not None:
                 os.environ["MPLBACKEND"] = backend
         nb = nbformat.read(target, as_version=4)
+        for cell in nb.cells:   # papermill's injected values fold away: the page shows one parameters cell
+            tags = cell.metadata.get("tags", [])
+            if "injected-parameters" in tags and "hide-input" not in tags:
+                cell.metadata["tags"] = [*tags, "hide-input"]
         nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
                                  "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         nbformat.write(nb, target)
@@ -173,7 +195,7 @@ def build_html(book: Path, config: Path, output: Path | None = None) -> Path:
 
 
 def build(profile: str = "book", book: Path = ROOT / "book", notebooks: Path = ROOT / "notebooks",
-          config: Path = ROOT / "_config.yml", force: bool = False) -> Path:
+          config: Path = ROOT / "_config.yml", force: bool | Iterable[str] = False) -> Path:
     """Execute the notebooks, write the status page and build the HTML."""
     chapters = book / "chapters"
     execute(profile, notebooks, chapters, book / "_toc.yml", force=force)
@@ -192,8 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fedlab_core.book", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="book", choices=PROFILE_NAMES)
     parser.add_argument("--force", action="store_true", help="re-execute every notebook")
+    parser.add_argument("--chapters", nargs="+", default=(), metavar="STEM",
+                        help="re-execute these chapters (the others only when changed)")
     args = parser.parse_args(argv)
-    index = build(args.profile, force=args.force)
+    stems = toc_chapters(ROOT / "book" / "_toc.yml")
+    unknown = sorted(set(args.chapters) - set(stems))
+    if unknown:
+        parser.error(f"--chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")
+    index = build(args.profile, force=True if args.force else args.chapters)
     print(f"[book] HTML: {index}")
     return 0
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
 import pickle
+import sys
 import tempfile
 import time
 import typing
@@ -253,6 +255,26 @@ def code_version() -> str:
     for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
         digest.update(path.read_bytes())
     return f"{__version__}+{digest.hexdigest()[:12]}"
+
+
+# the libraries whose versions can move a number in the book
+NUMERIC_LIBRARIES = ("torch", "torchvision", "numpy", "scipy", "POT", "scikit-learn", "umap-learn", "pynndescent",
+                     "numba")
+
+
+@functools.lru_cache(maxsize=1)
+def library_versions() -> dict[str, str]:
+    """Python's and :data:`NUMERIC_LIBRARIES`' installed versions ("absent" for one not installed); torch's
+    as it reports itself, with its build (e.g. "+cpu")."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for name in NUMERIC_LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return {**out, "torch": torch.__version__}
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -518,7 +540,9 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "failed_clients": sum(r["failed"] for r in rows), "workers": min(sim.workers, fed.num_clients),
               "seconds": time.perf_counter() - started,
               "setup_bytes": list(state.setup_bytes) if state is not None else [0, 0],
-              "resumed_from_round": resumed_from, "diverged": diverged},
+              "resumed_from_round": resumed_from, "diverged": diverged,
+              "data_checksum": fed.data_checksum, "split_hash": fed.split_hash(), "threads": torch.get_num_threads(),
+              "versions": library_versions()},
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
     if use_cache:

@@ -268,6 +268,25 @@ def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metri
                  runs_converged(a, metric) and runs_converged(b, metric), paper, runs=(a, b))
 
 
+def ahead_throughout(a: Sequence["History"], b: Sequence["History"], claim: str = "",
+                     metric: str = "mean_client_accuracy", paper: str = "") -> Verdict:
+    """:func:`order` on "a is ahead of b at every evaluated round" (a convergence claim): per seed, the
+    smallest difference a - b over the rounds both runs evaluated, against zero; held when that lead is
+    positive for every seed."""
+    def curve(h: "History") -> dict[int, float]:
+        return {r["round"]: float(r[metric]) for r in h.rounds if r.get(metric) is not None}
+
+    by_seed = {int(h.config["seed"]): h for h in b}
+    lead = {}
+    for h in a:
+        seed = int(h.config["seed"])
+        ca, cb = curve(h), curve(by_seed[seed])
+        common = sorted(set(ca) & set(cb))
+        lead[seed] = min(ca[r] - cb[r] for r in common) if common else math.nan
+    return order(lead, {s: 0.0 for s in lead}, claim, True, runs_converged(a, metric) and runs_converged(b, metric),
+                 paper, runs=(a, b))
+
+
 @dataclass
 class Verdicts:
     """The verdicts a chapter makes, in order: ``add`` one, then print, count or tabulate them."""

@@ -2,6 +2,7 @@
 the built quickstart page in a real headless Chromium."""
 import functools
 import http.server
+import json
 import re
 import shutil
 import threading
@@ -65,6 +66,8 @@ def test_rerun_executes_only_what_changed(tmp_path):
     profiles = {"tiny": {"book": {"GREETING": "hello", "REPEAT": 2}, "smoke": {"REPEAT": 3}}}
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]
     assert book.read_glue(chapters / "tiny.ipynb") == {"text": "hellohellohello"}
+    tags = [c.metadata.get("tags", []) for c in nbformat.read(chapters / "tiny.ipynb", as_version=4).cells]
+    assert tags[:2] == [["parameters"], ["injected-parameters", "hide-input"]]   # the page shows one, folds the other
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == []          # nothing changed
     profiles["tiny"]["smoke"]["REPEAT"] = 1
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]   # a parameter changed
@@ -355,12 +358,45 @@ def test_smoke_fraug_headline_numbers(smoke_book):
         assert -1.0 <= glue[f"client_separation_{kind}"] <= 1.0
 
 
+def test_smoke_report_reads_every_chapters_results_and_writes_them_as_files(smoke_book):
+    import pandas as pd
+
+    from fedlab_core import report
+
+    chapters = smoke_book[0] / "chapters"
+    glue = book.read_glue(chapters / "report.ipynb")
+    results = report.read(chapters / "results")
+    assert set(results) == set(report.CHAPTER_PAPER)          # every chapter that judges claims recorded them
+    recorded = sum(len(r["rows"]) for r in results.values())
+    assert glue["report_verdicts"] == recorded + sum(e.source == "abstract" for e in report.CATALOGUE)
+    table = pd.read_csv(chapters / "reproducibility_report.csv", keep_default_na=False)
+    assert len(table) == glue["report_rows"] and set(table["paper"]) == set(report.PAPERS)
+    assert len(json.loads((chapters / "reproducibility_report.json").read_text())) == len(table)
+    listed = {(e.paper, e.source) for e in report.CATALOGUE}
+    assert listed <= set(zip(table["paper"], table["source"]))   # every table and figure has its row
+    assert "torch==" in (chapters / "build-lock.txt").read_text()
+    # each row's link lands on a section of its chapter's page
+    html = smoke_book[1] / "chapters"
+    for chapter, res in results.items():
+        assert f'id="{res["section"]}"' in (html / f"{chapter}.html").read_text(), (chapter, res["section"])
+    assert (html / "_downloads").exists() or any(html.parent.glob("_downloads/*/reproducibility_report.csv"))
+
+
+def test_smoke_head_to_head_headline_numbers(smoke_book):
+    glue = book.read_glue(smoke_book[0] / "chapters" / "head_to_head.ipynb")
+    params = book.profile_parameters(PROFILES, "head_to_head", "smoke")
+    methods = 8 + len(params["COMBINE"]) * len(params["DATA_LEVEL"])
+    assert glue["num_runs"] == methods * len(params["SPLITS"]) * len(params["SEEDS"])
+    assert glue["personal_label_skew"] in ("pFedMe", "pFedHN", "pFedAvg", "PartialFed")
+    assert glue["slowest_ratio"] >= 1.0
+
+
 def test_book_pages_and_status_page_are_built(smoke_book):
     book_dir, html = smoke_book
     for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/baselines",
                  "chapters/distrans_toys", "chapters/distrans", "chapters/distrans_ablations",
                  "chapters/ot_alignment", "chapters/ot_fedavg", "chapters/fedrdn", "chapters/fedrdn_analysis", "chapters/fraug",
-                 "chapters/status"):
+                 "chapters/report", "chapters/head_to_head", "chapters/status"):
         assert (html / f"{page}.html").exists(), page
     status = (html / "chapters" / "status.html").read_text()
     assert "quickstart" in status and "heterogeneity" in status and "smoke" in status
@@ -438,7 +474,7 @@ SHARED_PROTOCOL = ("MODEL", "NUM_CLIENTS", "MAX_TRAIN_SAMPLES", "MAX_TEST_SAMPLE
 @pytest.mark.parametrize("profile", ["smoke", "book"])
 def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(profile):
     tuning = book.profile_parameters(PROFILES, "tuning", profile)
-    for stem in ("baselines", "distrans", "fedrdn", "fedrdn_analysis"):
+    for stem in ("baselines", "distrans", "fedrdn", "fedrdn_analysis", "head_to_head"):
         params = book.profile_parameters(PROFILES, stem, profile)
         feature_skew_only = stem.startswith("fedrdn")
         for key in SHARED_PROTOCOL:

@@ -89,3 +89,14 @@ def test_every_loader_option_is_declared():
     for name, info in DATASETS.items():
         if info.domains:
             assert check_dataset_params(name, {"domains": list(info.domains[:1])}) == {"domains": list(info.domains[:1])}
+
+
+def test_what_leaves_a_client_beyond_the_weights_is_described_for_the_methods_that_send_more():
+    from fedlab_core.algorithms import ALGORITHMS
+    from fedlab_core.augment import AUGMENTS
+
+    sends_more = {"distrans", "fraug", "scaffold", "fedproto", "fedproto_shared"}
+    for name, cls in ALGORITHMS.items():
+        assert isinstance(cls.shares, str) and bool(cls.shares) == (name in sends_more), name
+    for name, cls in AUGMENTS.items():
+        assert isinstance(cls.shares, str) and bool(cls.shares) == (name in {"fedrdn", "ot_align", "fedmix"}), name

@@ -150,3 +150,21 @@ def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
     solid, dashed = panels[0].get_lines()
     assert list(solid.get_xdata()) == [1, 2, 3] and solid.get_ydata() == pytest.approx([0.5, 0.7, 0.81])
     assert dashed.get_ydata() == pytest.approx([0.4, 0.6, 0.7]) and dashed.get_linestyle() == "--"
+
+
+def test_ahead_throughout_judges_the_smallest_lead_over_the_rounds():
+    from fedlab_core.runs import History
+
+    def run(seed, curve):
+        rounds = [{"round": r, "mean_client_accuracy": a} for r, a in enumerate(curve, 1)]
+        return History(config={"seed": seed}, rounds=rounds, final={"mean_client_accuracy": curve[-1]}, meta={})
+
+    base = [run(s, [0.5, 0.6, 0.7]) for s in range(3)]
+    always = [run(s, [0.55, 0.62, 0.75 + 0.01 * s]) for s in range(3)]
+    v = verdicts.ahead_throughout(always, base, "ahead")
+    assert v.verdict == "held" and v.values == pytest.approx((0.02, 0.02, 0.02))
+    behind_once = [run(s, [0.45, 0.7, 0.8]) for s in range(3)]            # ahead at the end, behind in round 1
+    v = verdicts.ahead_throughout(behind_once, base, "ahead")
+    assert v.verdict == "not held" and v.values == pytest.approx((-0.05,) * 3)
+    unevaluated = [run(s, [None, 0.61, 0.71]) for s in range(3)]         # rounds one side skipped do not count
+    assert verdicts.ahead_throughout(unevaluated, base).values == pytest.approx((0.01,) * 3)

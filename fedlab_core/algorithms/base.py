@@ -144,6 +144,8 @@ class Algorithm(Configurable):
         constructor nor a run's config says otherwise. Every algorithm states its own.
     global_model : whether the method has a global model to score on the global test set; methods
         without one (FedBN, Single, pFedHN, FedProto) are scored on the clients' own test sets only.
+    shares : what a client sends beyond its model weights, in words ("" for nothing more), for the
+        book's privacy notes; the byte counts of every message say how much.
     """
 
     name = "fedavg"
@@ -152,6 +154,7 @@ class Algorithm(Configurable):
     # states no single value: 0.05 is ours
     paper_training: ClassVar[Training] = Training(local_epochs=5, batch_size=10, lr=0.05)
     global_model: ClassVar[bool] = True
+    shares: ClassVar[str] = ""
 
     def __init__(self, training: Training | None = None):
         self.training = training or self.paper_training

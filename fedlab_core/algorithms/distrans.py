@@ -189,6 +189,9 @@ class DisTrans(Algorithm):
     """
 
     name = "distrans"
+    shares = (          # see the module documentation
+        "its offset (an input-shaped tensor) under the avg and nn aggregations, and its class counts under nn; "
+        "nothing more under none")
     paper_training = Training(lr=5e-3)  # Section 5.1: SGD, model lr 5e-3, one local epoch
     constraints = {"alpha": Range(0, 1), "offset_lr": Range(0), "aggregation": OneOf(*AGGREGATIONS),
                    "dh_threshold": Range(0, 1), "channels": OneOf(1, 2), "head": OneOf("dense", "linear"),

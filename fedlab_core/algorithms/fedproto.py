@@ -79,6 +79,7 @@ class FedProto(Algorithm):
     """
 
     name = "fedproto"
+    shares = "its class prototypes (mean embeddings per class), every round"
     constraints = {"mu": Range(0), "distance": OneOf("mse", "sqeuclidean")}
     paper_training = Training(lr=0.01, momentum=0.5, batch_size=4, local_epochs=1)
     global_model = False

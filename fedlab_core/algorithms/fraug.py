@@ -142,6 +142,8 @@ class FRAug(FedBN):
     """
 
     name = "fraug"
+    shares = ("the shared generator's weights, every round "
+              "(its RTNet and class prototypes stay on the client)")
     paper_training = Training(lr=0.01, momentum=0.5, batch_size=64, local_steps=20)  # the authors' code, Digits
     constraints = {"alpha": Range(0), "beta": Range(0), "latent": Range(0), "aux_lr": Range(0, low_open=True),
                    "gamma": Range(0), "variant": OneOf(*VARIANTS), "ema": Range(0, 1)}

@@ -38,6 +38,7 @@ class Scaffold(Algorithm):
     """
 
     name = "scaffold"
+    shares = "the change of its control variate, every round"
     constraints = {"server_lr": Range(0, low_open=True)}
     paper_training = Training(local_epochs=1, batch_size=32, lr=0.05)
 

@@ -19,9 +19,11 @@ from ..params import Configurable
 
 class Augment(Configurable):
     """No augmentation; the hooks others override. Constructing one checks its arguments against its
-    ``constraints`` and annotations (:mod:`fedlab_core.params`)."""
+    ``constraints`` and annotations (:mod:`fedlab_core.params`). ``shares`` says in words what a client
+    sends for it beyond the algorithm's messages ("" for nothing)."""
 
     name = "none"
+    shares = ""
     not_settings = ()
 
     def prepare_model(self, model: nn.Module) -> nn.Module:

@@ -58,6 +58,7 @@ class FedMix(Augment):
     """
 
     name = "fedmix"
+    shares = "averages of its images and labels, once before training"
     constraints = {"mean_batch_size": Range(1), "lam": Range(0, 1)}
 
     def __init__(self, mean_batch_size: int = 10, lam: float = 0.05):

@@ -69,6 +69,7 @@ class FedRDN(Augment):
     """
 
     name = "fedrdn"
+    shares = "its images' channel-wise mean and standard deviation, once before training"
     constraints = {"variant": OneOf(*VARIANTS), "draw": OneOf(*DRAWS), "pairing": OneOf(*PAIRINGS)}
 
     def __init__(self, variant: str = "random", draw: str = "per_image", pairing: str = "paired",

@@ -421,6 +421,7 @@ class OTAlign(Augment):
     """
 
     name = "ot_align"
+    shares = "its channel-wise intensity barycenter, once before training"
     constraints = {"variant": OneOf(*VARIANTS), "solver": OneOf(*SOLVERS), "bins": Range(2), "pixels": Range(1),
                    "reg": Range(0, low_open=True), "reg_map": Range(0, low_open=True), "num_iter": Range(1),
                    "tol": Range(0, low_open=True), "map_iter": Range(1), "max_images": Range(0),

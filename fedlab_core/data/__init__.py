@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import partition
-from .base import Dataset, DatasetNotFoundError, data_root
+from .base import Dataset, DatasetNotFoundError, data_root, digest
 from ..params import Range, Subset, check
 from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, TEN_DOMAINS, make_domains
 from .federation import ClientData, Federation, federate, hold_out
@@ -97,9 +97,9 @@ def load_fashion_mnist_domains(root: str | Path | None = None, domains: Sequence
 @lru_cache(maxsize=4)
 def _load_cached(name: str, options: tuple) -> Dataset:
     kwargs = dict(options)
-    if name == "fashion_mnist_domains":
-        return load_fashion_mnist_domains(**kwargs)
-    return load(name, **kwargs)
+    data = load_fashion_mnist_domains(**kwargs) if name == "fashion_mnist_domains" else load(name, **kwargs)
+    data.notes["checksum"] = digest(data.x_train, data.y_train, data.x_test, data.y_test)   # of what was read
+    return data
 
 
 def _stratified_subset(y: torch.Tensor, size: int, seed: int) -> torch.Tensor:

@@ -54,6 +54,19 @@ class Dataset:
                 f"shape={self.input_shape}, classes={self.num_classes}{dom})")
 
 
+def digest(*tensors: torch.Tensor) -> str:
+    """A short SHA-256 hex digest of tensors' dtypes, shapes and bytes (in order): the same data, the same
+    digest, on any machine."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in tensors:
+        a = t.detach().cpu().contiguous().numpy()
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()[:16]
+
+
 class DatasetNotFoundError(FileNotFoundError):
     """Raised when a dataset's files are not on disk; the one-line message says what, where and how to get it."""
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import partition as P
-from .base import Dataset
+from .base import Dataset, digest
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Federation:
     class_counts : (clients, classes) numpy array of training samples per class per client.
     scheme : the partition scheme that made it.
     domains : domain names when the dataset has domains.
+    data_checksum : digest of the dataset as its loader read it (before any subsampling or split).
     """
 
     clients: list[ClientData]
@@ -54,6 +55,12 @@ class Federation:
     scheme: str
     dataset: str
     domains: Sequence[str] | None = None
+    data_checksum: str = ""
+
+    def split_hash(self) -> str:
+        """Digest of every client's training and test tensors, in client order: the same data split the
+        same way gives the same hash."""
+        return digest(*(t for c in self.clients for t in (c.x_train, c.y_train, c.x_test, c.y_test)))
 
     @property
     def num_clients(self) -> int:
@@ -120,6 +127,7 @@ def federate(data: Dataset, scheme: str, num_clients: int, seed: int, **options)
         num_classes=data.num_classes, input_shape=data.input_shape,
         class_counts=P.class_counts(train_parts, y_train, data.num_classes),
         scheme=scheme, dataset=data.name, domains=names,
+        data_checksum=data.notes.get("checksum") or digest(data.x_train, data.y_train, data.x_test, data.y_test),
     )
 
 

@@ -1,0 +1,325 @@
+"""The reproducibility report: every table and figure of the four papers, our number and its verdict.
+
+Each chapter that judges claims ends with :func:`record`, which writes its verdicts, with the provenance
+of the runs behind each, to ``results/<chapter>.json`` next to the executed notebook. :func:`claims_table`
+reads those files and lays them against :data:`CATALOGUE`, the list of every table and figure of the four
+papers (``METHODS.md`` of the design) and of their abstracts' claims: one row per verdict, a row with the
+reason for each entry no chapter can judge, and the chapters' claims that go beyond the papers. Nothing
+in it is typed by hand but the catalogue and the reasons: numbers and verdicts come from the results.
+
+A verdict names its source at the start of its claim ("Table 2, DH 80%: ...", "Fig. 2a: ...",
+"Sec. 6: ...", "Appendix Table 3, 5/5: ..."); a claim with no such prefix goes beyond the paper. A
+chapter that could not judge one of its entries in the profile it ran with says why in ``skipped``;
+an entry with neither a verdict nor a reason is an error, raised before any table is made.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .runs import History
+    from .verdicts import Verdicts
+
+RESULTS_DIR = Path("results")
+BEYOND = "beyond the paper"
+
+# the chapters that judge each paper's claims
+CHAPTER_PAPER = {"distrans_toys": "DisTrans", "distrans": "DisTrans", "distrans_ablations": "DisTrans",
+                 "ot_alignment": "OT preprocessing", "ot_fedavg": "OT preprocessing",
+                 "fedrdn": "FedRDN", "fedrdn_analysis": "FedRDN", "fraug": "FRAug"}
+PAPERS = ("DisTrans", "OT preprocessing", "FedRDN", "FRAug")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One table, figure or abstract claim of a paper.
+
+    paper : one of :data:`PAPERS`.
+    source : "Table 1", "Fig. 2a", "Sec. 6", "Appendix Table 3" or "abstract".
+    claim : what the paper claims there, in a short phrase.
+    chapter : the chapter whose verdicts judge it; None when no chapter can.
+    setting : the paper's own setting for it (dataset, model), to read the deviations against.
+    reason : why no verdict judges it (with ``chapter`` None, or for an illustration a chapter draws).
+    covers : for an abstract claim, the sources whose verdicts it rests on.
+    """
+
+    paper: str
+    source: str
+    claim: str
+    chapter: str | None
+    setting: str = ""
+    reason: str = ""
+    covers: tuple[str, ...] = ()
+
+
+CATALOGUE: tuple[Entry, ...] = (
+    # DisTrans
+    Entry("DisTrans", "abstract", "DisTrans outperforms state-of-the-art FL methods and data augmentation methods "
+          "at different degrees of distributional heterogeneity", "distrans", covers=("Table 1", "Table 2")),
+    Entry("DisTrans", "Fig. 2a", "offsets make two clients' non-convex losses consistent", "distrans_toys",
+          "y = cos(wx), two clients"),
+    Entry("DisTrans", "Fig. 2b", "with offsets FedAvg converges on two-client linear regression", "distrans_toys",
+          "y = wx, two clients"),
+    Entry("DisTrans", "Fig. 3", "client x class heatmaps of the split at several DH", "heterogeneity",
+          reason="a picture of the split, no claim to judge; drawn in the heterogeneity chapter"),
+    Entry("DisTrans", "Table 1", "DisTrans beats FedAvg, pFedMe, pFedHN, MOON (and FedAwS at DH 100%) at every DH",
+          "distrans", "CIFAR-10 and others, LeNet/ResNet"),
+    Entry("DisTrans", "Table 2", "DisTrans beats FedAvg + mixup and FedAvg + AdvProp at every DH", "distrans",
+          "CH-MNIST"),
+    Entry("DisTrans", "Table 3", "the double input channel beats a single one", "distrans_ablations", "CH-MNIST"),
+    Entry("DisTrans", "Table 4", "offset aggregation by a network (nn) is best, a plain average worst",
+          "distrans_ablations", "CH-MNIST"),
+    Entry("DisTrans", "Fig. 4", "a = 0.3 is the best mixing weight", "distrans_ablations", "CH-MNIST"),
+    Entry("DisTrans", "Fig. 5", "one local epoch is best", "distrans_ablations", "CH-MNIST"),
+    Entry("DisTrans", "Fig. 6", "DisTrans converges as fast as FedAvg and is ahead of it in every round",
+          "distrans", "Birds-200, IID"),
+    Entry("DisTrans", "Table 5", "DisTrans loses less accuracy than FedAvg as clients grow from 8 to 40",
+          "distrans_ablations", "CH-MNIST"),
+    Entry("DisTrans", "Table 6", "DisTrans beats pFedHN and MOON with 50 to 500 sampled clients",
+          "distrans_ablations", "CIFAR-100"),
+    Entry("DisTrans", "Table 7", "the offsets and the double channel add little communication",
+          "distrans_ablations", "LeNet, AlexNet, ResNet-18, ResNet-50"),
+    Entry("DisTrans", "Fig. 7", "DisTrans's features separate the classes best", "distrans", "one class per client"),
+    # OT preprocessing
+    Entry("OT preprocessing", "abstract", "OT preprocessing lets FedAvg reach near-perfect accuracy", "ot_fedavg",
+          covers=("Table 1",)),
+    Entry("OT preprocessing", "Fig. 2", "the clients' channel-wise barycenters and their barycenter", "ot_alignment",
+          reason="a picture of the method, no claim to judge; drawn in the OT alignment chapter"),
+    Entry("OT preprocessing", "Fig. 3", "images projected onto the target barycenter", "ot_alignment",
+          reason="a picture of the method, no claim to judge; drawn in the OT alignment chapter"),
+    Entry("OT preprocessing", "Table 1", "FedAvg with OT preprocessing beats FedAvg in every N/P cell, up to 99%",
+          "ot_fedavg", "CIFAR-10, the paper's CNN"),
+    Entry("OT preprocessing", "Fig. 4", "aligned clients converge faster, in training and test accuracy",
+          "ot_fedavg", "CIFAR-10, N = P = 5"),
+    Entry("OT preprocessing", "Table 2", "FedAvg + OT beats other methods' published CIFAR-10 numbers", None,
+          reason="the other rows are numbers cited from other papers' settings, not runs; the FedAvg with OT "
+                 "chapter shows ours beside the paper's two rows"),
+    Entry("OT preprocessing", "Appendix Table 3", "the small CNN beats an 8-layer ResNet with OT preprocessing",
+          "ot_fedavg", "CIFAR-10"),
+    Entry("OT preprocessing", "Sec. 6", "the preprocessing's cost grows as the stated O() bounds", "ot_alignment"),
+    # FedRDN
+    Entry("FedRDN", "abstract", "FedRDN improves various representative FL methods as a plug-and-play component",
+          "fedrdn", covers=("Table 1",)),
+    Entry("FedRDN", "Table 1", "FedRDN improves seven FL algorithms and beats + norm and + FedMix", "fedrdn",
+          "Office-Caltech-10 (AlexNet-BN), DomainNet"),
+    Entry("FedRDN", "Table 2", "FedRDN improves four FL algorithms on ProstateMRI segmentation", None,
+          "ProstateMRI, U-Net, Dice",
+          reason="needs the MRI volumes and a segmentation task; the embedded images cannot stand in"),
+    Entry("FedRDN", "Table 3", "FedRDN's local models generalise best to other sites", "fedrdn_analysis",
+          "Office-Caltech-10"),
+    Entry("FedRDN", "Table 4", "FedRDN beats FedRDN-V", "fedrdn_analysis", "Office-Caltech-10"),
+    Entry("FedRDN", "Fig. 1", "FedRDN converges faster", "fedrdn_analysis", "Office-Caltech-10"),
+    Entry("FedRDN", "Fig. 2", "FedRDN stays ahead as local epochs grow", "fedrdn_analysis", "Office-Caltech-10"),
+    Entry("FedRDN", "Fig. 3", "FedRDN's features mix the clients", "fedrdn_analysis", "Office-Caltech-10, t-SNE"),
+    # FRAug
+    Entry("FRAug", "abstract", "FRAug outperforms the state of the art on three feature-skew benchmarks", "fraug",
+          covers=("Table 2",)),
+    Entry("FRAug", "Table 1", "fine-tuning the head on more embeddings helps a model trained on scarce data",
+          "fraug", "PACS, OfficeHome, ResNet-18"),
+    Entry("FRAug", "Table 2", "FRAug beats Single, All, FedAvg, FedProx, pFedAvg, PartialFed and FedBN", "fraug",
+          "Digits, PACS, OfficeHome"),
+    Entry("FRAug", "Table 3", "each component (RTNet, prototypes, schedule) adds", "fraug", "OfficeHome"),
+    Entry("FRAug", "Fig. 2", "FRAug stays ahead of FedAvg from 10% to 100% of the local data", "fraug",
+          "OfficeHome"),
+)
+
+_SOURCE = re.compile(r"^(Appendix Table|Table|Fig\.|Sec\.) (\d+[a-z]?)\b")
+
+
+def source_of(claim: str) -> str:
+    """The table or figure a claim names first ("Table 2, DH 80%: ..." -> "Table 2"); :data:`BEYOND` for a
+    claim that names none."""
+    m = _SOURCE.match(claim)
+    return f"{m.group(1)} {m.group(2)}" if m else BEYOND
+
+
+def provenance(h: "History") -> dict[str, Any]:
+    """What identifies one run: seed, cache key, code version, device, data checksum, split hash, thread count
+    and the versions of the libraries that shape numbers; with its dataset, rounds and training samples."""
+    meta = h.meta
+    return {"seed": h.config["seed"], "key": meta.get("key"), "code_version": meta.get("code_version"),
+            "device": meta.get("device"), "data_checksum": meta.get("data_checksum"),
+            "split_hash": meta.get("split_hash"), "threads": meta.get("threads"),
+            "versions": meta.get("versions") or {"torch": meta.get("torch")}, "dataset": h.config["dataset"],
+            "model": h.config["model"], "algorithm": h.config["algorithm"], "num_rounds": h.config["num_rounds"],
+            "train_samples": (meta.get("samples") or {}).get("train")}
+
+
+def _number(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+
+
+def record(found: "Verdicts", chapter: str, section: str = "", deviations: str = "",
+           skipped: Mapping[str, str] | None = None, folder: str | Path = RESULTS_DIR) -> Path:
+    """Write a chapter's verdicts, with the provenance of their runs, to ``<folder>/<chapter>.json``.
+
+    Parameters
+    ----------
+    found : the chapter's verdicts, in the order of its table.
+    chapter : the chapter's notebook stem (a key of :data:`CHAPTER_PAPER`).
+    section : the anchor of the chapter's section that shows the verdicts.
+    deviations : what the chapter does differently from the paper, in one phrase.
+    skipped : ``{source: reason}`` for the chapter's catalogue entries it did not judge in this run.
+    """
+    if chapter not in CHAPTER_PAPER:
+        raise ValueError(f"chapter: unknown value {chapter!r}; allowed: {', '.join(CHAPTER_PAPER)}")
+    from .runs import _atomic_write, code_version
+
+    rows = []
+    for i, v in enumerate(found.items, 1):
+        runs = [[provenance(h) for h in side] for side in v.runs]
+        rows.append({"number": i, "claim": v.claim, "source": source_of(v.claim), "paper": v.paper,
+                     "ours": v.evidence, "verdict": v.label, "outcome": v.verdict, "converged": v.converged,
+                     "mean": _number(v.mean), "stderr": _number(v.stderr), "seeds": v.seeds,
+                     "low": _number(v.low), "high": _number(v.high), "claimed": _number(v.claimed),
+                     "values": [_number(x) for x in v.values], "runs": runs})
+    payload = {"chapter": chapter, "paper": CHAPTER_PAPER[chapter], "section": section, "deviations": deviations,
+               "skipped": dict(skipped or {}), "code_version": code_version(), "rows": rows}
+    path = Path(folder) / f"{chapter}.json"
+    _atomic_write(path, lambda f: f.write(json.dumps(payload, indent=1, sort_keys=True).encode()))
+    return path
+
+
+def read(folder: str | Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
+    """Every chapter's recorded results in `folder`, by chapter."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))}
+
+
+def _strength(row: Mapping[str, Any]) -> str:
+    """The evidence behind a verdict in one phrase: data, scale, rounds, seeds, convergence."""
+    runs = [r for side in row["runs"] for r in side]
+    seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
+    if not runs:
+        return f"{seeds}; measured without training runs"
+    datasets = sorted({r["dataset"] for r in runs})
+    samples = sorted({r["train_samples"] for r in runs if r["train_samples"] is not None})
+    rounds = sorted({r["num_rounds"] for r in runs})
+    scale = (f"{samples[0]:,}" if len(samples) == 1 else f"{samples[0]:,} to {samples[-1]:,}") if samples else "?"
+    span = str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
+    return (f"{', '.join(datasets)}; {scale} training images; {span} rounds; {seeds}"
+            + ("" if row["converged"] else "; not converged"))
+
+
+def _summary(outcomes: Iterable[str]) -> str:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o] = counts.get(o, 0) + 1
+    total = sum(counts.values())
+    return ", ".join(f"{n} {k}" for k, n in counts.items()) + f" (of {total})" if total else "no verdict"
+
+
+_CLAIMED_DIFFERENCE = re.compile(r"^([+-]\d*\.\d+)( points)?( \([^()]*\))?$")
+
+
+def claimed_differences(results: Mapping[str, Mapping[str, Any]]) -> "pd.DataFrame":
+    """The ordering verdicts whose paper figure is one difference ("+0.284 (CIFAR-10)", "+7.29 points
+    (...)"), with the paper's difference and ours (mean and standard error of the per-seed differences),
+    in the same unit (points divided by 100): what the papers claimed beside what we measured."""
+    import pandas as pd
+
+    rows = []
+    for chapter, res in results.items():
+        for r in res["rows"]:
+            m = _CLAIMED_DIFFERENCE.match(r["paper"].strip())
+            if r["claimed"] is None and m and r["mean"] is not None:
+                claimed = float(m.group(1)) / (100 if m.group(2) else 1)
+                rows.append({"paper": res["paper"], "chapter": chapter, "claim": r["claim"], "claimed": claimed,
+                             "ours": r["mean"], "stderr": r["stderr"], "outcome": r["outcome"]})
+    return pd.DataFrame(rows, columns=["paper", "chapter", "claim", "claimed", "ours", "stderr", "outcome"])
+
+
+COLUMNS = ("paper", "source", "claim", "paper's number", "ours", "verdict", "evidence", "paper's setting", "deviations",
+           "chapter", "section", "runs", "command")
+
+
+def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[Entry] = CATALOGUE,
+                 profile: str = "book") -> "pd.DataFrame":
+    """One row per claim: the catalogue laid against the chapters' recorded results.
+
+    Raises ValueError, before building anything, for a chapter the catalogue needs that recorded nothing, an
+    entry its chapter neither judged nor skipped with a reason, or a verdict naming a source its paper's
+    catalogue does not list.
+    """
+    import pandas as pd
+
+    catalogue = tuple(catalogue)
+    needed = sorted({e.chapter for e in catalogue if e.chapter in CHAPTER_PAPER and not e.reason})
+    missing = [c for c in needed if c not in results]
+    if missing:
+        raise ValueError(f"results: no results recorded by chapter(s) {', '.join(missing)}; execute them first "
+                         f"(python -m fedlab_core.book --profile {profile})")
+    listed = {(e.paper, e.source) for e in catalogue}
+    for chapter, res in results.items():
+        for r in res["rows"]:
+            if r["source"] != BEYOND and (res["paper"], r["source"]) not in listed:
+                raise ValueError(f"results: chapter {chapter} judges {r['source']!r}, which the catalogue of "
+                                 f"{res['paper']} does not list (claim: {r['claim']!r})")
+    gaps = [f"{e.paper} {e.source} ({e.chapter})" for e in catalogue
+            if e.chapter in results and not e.reason and not e.covers
+            and not any(r["source"] == e.source for r in results[e.chapter]["rows"])
+            and e.source not in results[e.chapter].get("skipped", {})]
+    if gaps:
+        raise ValueError(f"results: no verdict and no reason recorded for {', '.join(gaps)}")
+
+    def row(e: Entry, **values) -> dict[str, Any]:
+        res = results.get(e.chapter or "", {})
+        base = {"paper": e.paper, "source": e.source, "claim": e.claim, "paper's number": "", "ours": "",
+                "verdict": "", "evidence": "", "paper's setting": e.setting, "deviations": res.get("deviations", ""),
+                "chapter": e.chapter or "", "section": res.get("section", ""), "runs": [], "command": "",
+                "outcome": ""}
+        return {**base, **values}
+
+    def command(chapter: str) -> str:
+        return f"python -m fedlab_core.book --profile {profile} --chapters {chapter}"
+
+    def judged(e: Entry, r: Mapping[str, Any]) -> dict[str, Any]:
+        return row(e, claim=r["claim"], **{"paper's number": r["paper"]}, ours=r["ours"], verdict=r["verdict"],
+                   evidence=_strength(r), runs=r["runs"], command=command(e.chapter), outcome=r["outcome"])
+
+    out = []
+    for e in catalogue:
+        res = results.get(e.chapter or "")
+        if e.covers:
+            rows = [r for c, x in results.items() if x["paper"] == e.paper for r in x["rows"] if r["source"] in e.covers]
+            out.append(row(e, verdict=_summary(r["outcome"] for r in rows),
+                           evidence=f"the verdicts of {' and '.join(e.covers)}"))
+        elif e.reason or res is None:
+            out.append(row(e, verdict="not judged", evidence=e.reason or f"chapter {e.chapter} not executed"))
+        elif e.source in res.get("skipped", {}) and not any(r["source"] == e.source for r in res["rows"]):
+            out.append(row(e, verdict="not judged", evidence=res["skipped"][e.source],
+                           command=command(e.chapter)))
+        else:
+            out.extend(judged(e, r) for r in res["rows"] if r["source"] == e.source)
+    for chapter, res in results.items():
+        for r in res["rows"]:
+            if r["source"] == BEYOND:
+                out.append(judged(Entry(res["paper"], BEYOND, "", chapter), r))
+    return pd.DataFrame(out, columns=[*COLUMNS, "outcome"])
+
+
+def write(table: "pd.DataFrame", stem: str | Path) -> tuple[Path, Path]:
+    """The table as ``<stem>.csv`` (runs as their cache keys) and ``<stem>.json`` (everything, runs in full)."""
+    stem = Path(stem)
+    csv, js = stem.with_suffix(".csv"), stem.with_suffix(".json")
+    flat = table.copy()
+    flat["runs"] = [" ".join(r["key"] for side in runs for r in side) for runs in table["runs"]]
+    flat.to_csv(csv, index=False)
+    js.write_text(json.dumps(table.to_dict(orient="records"), indent=1, sort_keys=True))
+    return csv, js
+
+
+def lock() -> str:
+    """Every installed distribution but this project as ``name==version``, sorted by name: the exact
+    environment of a build, for ``pip install -r``."""
+    from importlib import metadata
+
+    names = {d.metadata["Name"]: d.version for d in metadata.distributions()
+             if d.metadata["Name"] and re.sub(r"[-_.]+", "-", d.metadata["Name"].lower()) != "fedlab-core"}
+    return "".join(f"{n}=={v}\n" for n, v in sorted(names.items(), key=lambda kv: kv[0].lower()))

@@ -1,0 +1,151 @@
+"""The reproducibility report: claims laid against recorded results, loud failures, files, provenance."""
+import json
+
+import pandas as pd
+import pytest
+
+from fedlab_core import book, report, verdicts
+from fedlab_core.report import BEYOND, Entry
+from fedlab_core.runs import History, run
+
+
+def history(seed, acc, algorithm="fedavg"):
+    rounds = [{"round": r, "mean_client_accuracy": a} for r, a in enumerate((acc - 0.1, acc - 0.001, acc), 1)]
+    meta = {"key": f"{algorithm}-{seed}", "code_version": "v", "device": "cpu", "data_checksum": "d",
+            "split_hash": f"s{seed}", "threads": 1, "versions": {"torch": "t"}, "samples": {"train": 500}}
+    config = {"seed": seed, "dataset": "digits", "model": "mlp", "algorithm": algorithm, "num_rounds": 3}
+    return History(config=config, rounds=rounds, final={"mean_client_accuracy": acc}, meta=meta)
+
+
+def chapter_verdicts():
+    found = verdicts.Verdicts()
+    a = [history(s, 0.8 + 0.01 * s, "distrans") for s in range(3)]
+    b = [history(s, 0.7, "fedavg") for s in range(3)]
+    found.add(verdicts.beats(a, b, "Table 1, DH 80%: DisTrans beats FedAvg", paper="+0.02"))
+    found.add(verdicts.beats(b, a, "Table 1, DH 0%: FedAvg beats DisTrans"))
+    found.add(verdicts.beats(a, b, "Label skew: DisTrans beats FedAvg"))
+    return found
+
+
+CATALOGUE = (Entry("DisTrans", "abstract", "DisTrans wins", "distrans", covers=("Table 1",)),
+             Entry("DisTrans", "Table 1", "DisTrans beats the baselines", "distrans", "CIFAR-10"),
+             Entry("DisTrans", "Table 9", "something no chapter can run", None, reason="needs MRI volumes"),
+             Entry("DisTrans", "Fig. 7", "features separate", "distrans"))
+
+
+def test_source_is_the_table_or_figure_a_claim_names_first():
+    assert report.source_of("Table 2, DH 80%: x") == "Table 2"
+    assert report.source_of("Fig. 2a: offsets help") == "Fig. 2a"
+    assert report.source_of("Appendix Table 3, 5/5: the CNN wins") == "Appendix Table 3"
+    assert report.source_of("Sec. 6: cost") == "Sec. 6"
+    for claim in ("Label skew (10/10): x", "Tables 1 and 2: x", "(contrast) x", "Fig. two"):
+        assert report.source_of(claim) == BEYOND
+
+
+def test_record_writes_verdicts_with_the_provenance_of_their_runs(tmp_path):
+    path = report.record(chapter_verdicts(), "distrans", section="what-we-found", deviations="Fashion-MNIST",
+                         folder=tmp_path)
+    saved = json.loads(path.read_text())
+    assert path.name == "distrans.json" and saved["paper"] == "DisTrans" and saved["section"] == "what-we-found"
+    first = saved["rows"][0]
+    assert first["source"] == "Table 1" and first["outcome"] == "held" and first["seeds"] == 3
+    assert first["mean"] == pytest.approx(0.11) and first["paper"] == "+0.02"
+    assert [r["key"] for r in first["runs"][0]] == ["distrans-0", "distrans-1", "distrans-2"]
+    assert first["runs"][1][2] == {**first["runs"][1][2], "seed": 2, "split_hash": "s2", "threads": 1,
+                                   "data_checksum": "d", "train_samples": 500}
+    assert saved["rows"][2]["source"] == BEYOND
+    with pytest.raises(ValueError, match="chapter"):
+        report.record(chapter_verdicts(), "nonsense", folder=tmp_path)
+
+
+def test_claims_table_lays_the_catalogue_against_the_results(tmp_path):
+    report.record(chapter_verdicts(), "distrans", section="what-we-found", deviations="Fashion-MNIST",
+                  skipped={"Fig. 7": "UMAP_PER_CLIENT is 0 in this profile"}, folder=tmp_path)
+    table = report.claims_table(report.read(tmp_path), CATALOGUE, profile="smoke")
+    assert list(table["source"]) == ["abstract", "Table 1", "Table 1", "Table 9", "Fig. 7", BEYOND]
+    assert table["verdict"].iloc[0] == "1 held, 1 not held (of 2)"          # the abstract sums its tables' verdicts
+    assert list(table["verdict"].iloc[1:3]) == ["held", "not held"]
+    assert table["evidence"].iloc[1] == "digits; 500 training images; 3 rounds; 3 seeds"
+    assert table["paper's setting"].iloc[1] == "CIFAR-10" and table["deviations"].iloc[1] == "Fashion-MNIST"
+    assert table["command"].iloc[1] == "python -m fedlab_core.book --profile smoke --chapters distrans"
+    assert table["verdict"].iloc[3] == "not judged" and table["evidence"].iloc[3] == "needs MRI volumes"
+    assert table["evidence"].iloc[4] == "UMAP_PER_CLIENT is 0 in this profile"
+    assert table["claim"].iloc[5] == "Label skew: DisTrans beats FedAvg"
+
+
+def test_claims_table_fails_loudly_when_a_claims_results_are_missing(tmp_path):
+    with pytest.raises(ValueError, match="no results recorded by chapter.*distrans"):
+        report.claims_table({}, CATALOGUE)
+    report.record(chapter_verdicts(), "distrans", folder=tmp_path)     # judges Table 1, not Fig. 7, no reason
+    with pytest.raises(ValueError, match="no verdict and no reason recorded for DisTrans Fig. 7"):
+        report.claims_table(report.read(tmp_path), CATALOGUE)
+    found = chapter_verdicts()
+    found.add(verdicts.order([1, 2, 3], [0, 1, 2], "Table 8: a table the paper does not have"))
+    report.record(found, "distrans", skipped={"Fig. 7": "none"}, folder=tmp_path)
+    with pytest.raises(ValueError, match="'Table 8', which the catalogue of DisTrans does not list"):
+        report.claims_table(report.read(tmp_path), CATALOGUE)
+
+
+def test_csv_and_json_hold_the_table(tmp_path):
+    report.record(chapter_verdicts(), "distrans", skipped={"Fig. 7": "none"}, folder=tmp_path)
+    table = report.claims_table(report.read(tmp_path), CATALOGUE)
+    csv, js = report.write(table, tmp_path / "out")
+    back = pd.read_csv(csv, keep_default_na=False)
+    assert list(back.columns) == list(table.columns) and len(back) == len(table)
+    for column in ("source", "claim", "paper's number", "ours", "verdict", "evidence", "command"):
+        assert list(back[column].astype(str)) == list(table[column].astype(str)), column
+    assert back["runs"].iloc[1] == "distrans-0 distrans-1 distrans-2 fedavg-0 fedavg-1 fedavg-2"
+    assert json.loads(js.read_text()) == json.loads(table.to_json(orient="records"))
+
+
+def test_the_catalogue_names_every_paper_and_chapters_that_exist():
+    stems = set(book.toc_chapters(book.ROOT / "book" / "_toc.yml"))
+    assert {e.paper for e in report.CATALOGUE} == set(report.PAPERS)
+    assert set(report.CHAPTER_PAPER) <= stems
+    for e in report.CATALOGUE:
+        assert e.chapter in stems or (e.chapter is None and e.reason), e
+        assert e.covers or e.source in {"abstract"} or report.source_of(e.source + ": x") == e.source, e
+    assert sum(e.source == "abstract" for e in report.CATALOGUE) == len(report.PAPERS)   # one per abstract
+
+
+def test_lock_lists_the_installed_versions():
+    names = [line.split("==")[0] for line in report.lock().splitlines()]
+    assert "torch" in names and "papermill" in names and names == sorted(names, key=str.lower)
+    assert not any(n.lower().replace("_", "-") == "fedlab-core" for n in names)   # the project is not on PyPI
+
+
+def test_a_run_records_its_data_checksum_split_hash_threads_and_versions(tiny, tmp_path):
+    a = run(tiny, cache_dir=tmp_path, workers=1)
+    again = run(tiny, cache_dir=tmp_path / "again", workers=1)
+    other = run(tiny.replace(seed=1), cache_dir=tmp_path, workers=1)
+    assert a.meta["threads"] == 1 and a.meta["versions"]["torch"] == a.meta["torch"]
+    assert a.meta["split_hash"] == again.meta["split_hash"] and a.meta["data_checksum"] == again.meta["data_checksum"]
+    assert a.meta["split_hash"] != other.meta["split_hash"]        # another seed splits the clients otherwise
+    assert a.meta["data_checksum"] == other.meta["data_checksum"]  # ... of the same data
+    assert report.provenance(a)["split_hash"] == a.meta["split_hash"]
+
+
+def test_chapters_that_read_results_are_executed_last_and_again_when_results_change(tmp_path):
+    assert book.execution_order(["report", "a", "b"]) == ["a", "b", "report"]
+    nb = tmp_path / "n.ipynb"
+    nb.write_text("{}")
+    results = tmp_path / "results"
+    results.mkdir()
+    before = book._stamp(nb, {}, results)
+    (results / "a.json").write_text("{}")
+    assert book._stamp(nb, {}, results) != before
+    with pytest.raises(ValueError, match="chapters: unknown nonsense"):
+        book.execute("smoke", tmp_path, tmp_path / "out", book.ROOT / "book" / "_toc.yml", force=["nonsense"])
+
+
+def test_claimed_differences_pairs_the_papers_difference_with_ours(tmp_path):
+    found = verdicts.Verdicts()
+    found.add(verdicts.order([0.3, 0.4, 0.5], [0.0, 0.0, 0.0], "Table 1, 5/5: A beats B", paper="+0.284 (CIFAR-10)"))
+    found.add(verdicts.order([1, 2, 3], [0, 0, 0], "Table 1: C beats D", paper="+7.29 points (Office-Caltech-10)"))
+    for paper in ("+0.083, +0.006, +0.012", "-0.013 to +0.136", "+0.012 at DH 75% (CH-MNIST)", "ahead (plot)", ""):
+        found.add(verdicts.order([1, 2, 3], [0, 0, 0], "Table 1: E beats F", paper=paper))
+    found.add(verdicts.number([0.9, 0.91, 0.92], 0.99, "Table 1: reaches 99%"))   # a claimed number, not a difference
+    report.record(found, "ot_fedavg", folder=tmp_path)
+    pairs = report.claimed_differences(report.read(tmp_path))
+    assert list(pairs["claimed"]) == pytest.approx([0.284, 0.0729])
+    assert list(pairs["ours"]) == pytest.approx([0.4, 2.0]) and list(pairs["paper"]) == ["OT preprocessing"] * 2
