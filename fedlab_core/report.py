@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .verdicts import Verdicts
 
 RESULTS_DIR = Path("results")
+EMBEDDED = ("fashion_mnist", "fashion_mnist_domains", "digits")   # the data that ships with the environment
 BEYOND = "beyond the paper"
 
 # the chapters that judge each paper's claims
@@ -198,13 +199,27 @@ def _strength(row: Mapping[str, Any]) -> str:
     seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
     if not runs:
         return f"{seeds}; measured without training runs"
-    datasets = sorted({r["dataset"] for r in runs})
+    datasets = [f"{d} ({'embedded' if d in EMBEDDED else 'real files'})" for d in sorted({r["dataset"] for r in runs})]
     samples = sorted({r["train_samples"] for r in runs if r["train_samples"] is not None})
     rounds = sorted({r["num_rounds"] for r in runs})
     scale = (f"{samples[0]:,}" if len(samples) == 1 else f"{samples[0]:,} to {samples[-1]:,}") if samples else "?"
     span = str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
     return (f"{', '.join(datasets)}; {scale} training images; {span} rounds; {seeds}"
             + ("" if row["converged"] else "; not converged"))
+
+
+def _ours(row: Mapping[str, Any]) -> str:
+    """Our number as mean ± standard deviation over the seeds (the sample's, n - 1), with the seed count:
+    the per-seed differences of an ordering claim, our values beside a claimed number."""
+    values = [v for v in row["values"] if v is not None]
+    seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
+    if len(values) != len(row["values"]) or not values:
+        return f"{seeds}, a run diverged"
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    if row["claimed"] is None:
+        return f"d = {mean:+.3f} ± {std:.3f} ({seeds})"
+    return f"{mean:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
 
 
 def _summary(outcomes: Iterable[str]) -> str:
@@ -280,7 +295,7 @@ def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[E
         return f"python -m fedlab_core.book --profile {profile} --chapters {chapter}"
 
     def judged(e: Entry, r: Mapping[str, Any]) -> dict[str, Any]:
-        return row(e, claim=r["claim"], **{"paper's number": r["paper"]}, ours=r["ours"], verdict=r["verdict"],
+        return row(e, claim=r["claim"], **{"paper's number": r["paper"]}, ours=_ours(r), verdict=r["verdict"],
                    evidence=_strength(r), runs=r["runs"], command=command(e.chapter), outcome=r["outcome"])
 
     out = []

@@ -65,7 +65,8 @@ def test_claims_table_lays_the_catalogue_against_the_results(tmp_path):
     assert list(table["source"]) == ["abstract", "Table 1", "Table 1", "Table 9", "Fig. 7", BEYOND]
     assert table["verdict"].iloc[0] == "1 held, 1 not held (of 2)"          # the abstract sums its tables' verdicts
     assert list(table["verdict"].iloc[1:3]) == ["held", "not held"]
-    assert table["evidence"].iloc[1] == "digits; 500 training images; 3 rounds; 3 seeds"
+    assert table["ours"].iloc[1] == "d = +0.110 ± 0.010 (3 seeds)"        # mean ± std of the per-seed differences
+    assert table["evidence"].iloc[1] == "digits (embedded); 500 training images; 3 rounds; 3 seeds"
     assert table["paper's setting"].iloc[1] == "CIFAR-10" and table["deviations"].iloc[1] == "Fashion-MNIST"
     assert table["command"].iloc[1] == "python -m fedlab_core.book --profile smoke --chapters distrans"
     assert table["verdict"].iloc[3] == "not judged" and table["evidence"].iloc[3] == "needs MRI volumes"
