@@ -310,15 +310,21 @@ def offset_grid(offsets: list[torch.Tensor], examples: list[torch.Tensor], alpha
 
 
 def umap_embedding(z: np.ndarray, seed: int = 0, n_neighbors: int = 15, min_dist: float = 0.1) -> np.ndarray:
-    """UMAP (umap-learn) of representations (n, D) to (n, 2), deterministic for a seed (single-threaded)."""
+    """UMAP (umap-learn) of representations (n, D) to (n, 2), deterministic for a seed (single-threaded).
+
+    Only the distinct rows are embedded and every copy of a row gets its point: umap-learn's layout is not
+    reproducible, even with a fixed ``random_state``, when rows repeat (the same test image seen by several
+    clients through one model gives the same representation)."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # umap's import-time tqdm notice and numba chatter
         import umap
 
-        reducer = umap.UMAP(n_neighbors=n_neighbors, min_dist=min_dist, random_state=seed, n_jobs=1)
-        return reducer.fit_transform(np.asarray(z))
+        distinct, inverse = np.unique(np.asarray(z), axis=0, return_inverse=True)
+        reducer = umap.UMAP(n_neighbors=min(n_neighbors, len(distinct) - 1), min_dist=min_dist, random_state=seed,
+                            n_jobs=1)
+        return reducer.fit_transform(distinct)[inverse.reshape(-1)]
 
 
 def tsne_embedding(z: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:

@@ -155,3 +155,14 @@ def test_offset_grid_shows_initial_and_learned_offsets_on_one_scale():
     np.testing.assert_allclose(axes[3, 0].images[0].get_array(), (learned[0] - initial[0])[0].numpy(), atol=1e-6)
     plt.close(fig)
     assert len(viz.offset_grid(learned, examples, alpha=0.3).axes) == 9  # without the initial offsets: 3 rows
+
+
+def test_umap_embedding_is_reproducible_when_rows_repeat():
+    # umap-learn alone gives a different layout on every call for data like this, random_state or not
+    rng = np.random.default_rng(0)
+    base = (rng.normal(size=(700, 32)) + rng.integers(0, 10, size=(700, 1))).astype(np.float32)
+    copies = rng.integers(0, 700, size=900)
+    z = np.concatenate([base, base[copies]])
+    first, second = viz.umap_embedding(z, seed=0), viz.umap_embedding(z, seed=0)
+    assert first.shape == (1600, 2) and np.array_equal(first, second)
+    assert np.array_equal(first[700:], first[copies])          # every copy of a row sits on that row's point
