@@ -148,7 +148,7 @@ def provenance(h: "History") -> dict[str, Any]:
     return {"seed": h.config["seed"], "key": meta.get("key"), "code_version": meta.get("code_version"),
             "device": meta.get("device"), "data_checksum": meta.get("data_checksum"),
             "split_hash": meta.get("split_hash"), "threads": meta.get("threads"),
-            "versions": meta.get("versions") or {"torch": meta.get("torch")}, "dataset": h.config["dataset"],
+            "versions": meta.get("versions"), "dataset": h.config["dataset"],
             "model": h.config["model"], "algorithm": h.config["algorithm"], "num_rounds": h.config["num_rounds"],
             "train_samples": (meta.get("samples") or {}).get("train")}
 
