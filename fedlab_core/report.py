@@ -209,17 +209,16 @@ def _strength(row: Mapping[str, Any]) -> str:
 
 
 def _ours(row: Mapping[str, Any]) -> str:
-    """Our number as mean ± standard deviation over the seeds (the sample's, n - 1), with the seed count:
-    the per-seed differences of an ordering claim, our values beside a claimed number."""
-    values = [v for v in row["values"] if v is not None]
+    """Our number as mean ± standard deviation over the seeds (the sample's, n - 1: the verdict's standard
+    error times sqrt(n)), with the seed count: the per-seed differences of an ordering claim, our values beside
+    a claimed number."""
     seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
-    if len(values) != len(row["values"]) or not values:
+    if row["mean"] is None:
         return f"{seeds}, a run diverged"
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    std = row["stderr"] * math.sqrt(row["seeds"]) if row["stderr"] is not None else 0.0
     if row["claimed"] is None:
-        return f"d = {mean:+.3f} ± {std:.3f} ({seeds})"
-    return f"{mean:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
+        return f"d = {row['mean']:+.3f} ± {std:.3f} ({seeds})"
+    return f"{row['mean']:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
 
 
 def _summary(outcomes: Iterable[str]) -> str:

@@ -641,6 +641,13 @@ def group_frames(groups: Mapping[str, list[History]]) -> dict[str, pd.DataFrame]
     return {label: pd.concat([h.frame() for h in runs], ignore_index=True) for label, runs in groups.items()}
 
 
+def per_round_mean(runs: Iterable[History], column: str) -> float:
+    """The mean of a per-round log column (``bytes_up``, ``train_seconds``, ...) over every round of the runs."""
+    import numpy as np
+
+    return float(np.mean([r[column] for h in runs for r in h.rounds]))
+
+
 def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
     """Final metrics per label over its seeds: mean, std (population), min and max, and the seed count.
 

@@ -73,6 +73,7 @@ def test_rerun_executes_only_what_changed(tmp_path):
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]   # a parameter changed
     assert book.read_glue(chapters / "tiny.ipynb") == {"text": "hello"}
     assert book.execute("book", notebooks, chapters, toc, profiles) == ["tiny"]    # another profile
+    assert book.execute("book", notebooks, chapters, toc, profiles, force=["tiny"]) == ["tiny"]  # asked for
     status = book.write_status(chapters, toc).read_text()
     assert re.search(r"\| \[tiny\]\(tiny.ipynb\) \| book \| \d+ \|", status)
 
@@ -390,7 +391,8 @@ def test_smoke_head_to_head_headline_numbers(smoke_book):
     methods = 8 + len(params["COMBINE"]) * len(params["DATA_LEVEL"])
     assert glue["num_runs"] == methods * len(params["SPLITS"]) * len(params["SEEDS"])
     assert glue["personal_label_skew"] in ("pFedMe", "pFedHN", "pFedAvg", "PartialFed")
-    assert glue["slowest_ratio"] >= 1.0
+    assert glue["slowest_ratio"] > 1.0                     # DisTrans's offset step alone costs more than FedAvg's
+    assert 1.0 < glue["fraug_bytes_ratio"] < 2.0            # the generator travels with the model, a fraction of it
 
 
 def test_book_pages_and_status_page_are_built(smoke_book):
