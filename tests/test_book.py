@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from fedlab_core import book
+from fedlab_core import book, labs
 from fedlab_core.models import build_model, count_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +86,7 @@ def smoke_book(tmp_path_factory):
     executed = book.execute("smoke", ROOT / "notebooks", book_dir / "chapters", book_dir / "_toc.yml")
     assert sorted(executed) == sorted(p.stem for p in NOTEBOOKS)
     book.write_status(book_dir / "chapters", book_dir / "_toc.yml")
+    book.write_labs(book_dir)
     index = book.build_html(book_dir, where / "_config.yml")
     return book_dir, index.parent
 
@@ -400,7 +401,8 @@ def test_book_pages_and_status_page_are_built(smoke_book):
     for page in ("intro", "rerunning", "chapters/quickstart", "chapters/heterogeneity", "chapters/baselines",
                  "chapters/distrans_toys", "chapters/distrans", "chapters/distrans_ablations",
                  "chapters/ot_alignment", "chapters/ot_fedavg", "chapters/fedrdn", "chapters/fedrdn_analysis", "chapters/fraug",
-                 "chapters/report", "chapters/head_to_head", "chapters/status"):
+                 "chapters/report", "chapters/head_to_head", "chapters/status", "labs/instructor_notes",
+                 *(f"labs/{lab}" for lab in labs.labs())):
         assert (html / f"{page}.html").exists(), page
     status = (html / "chapters" / "status.html").read_text()
     assert "quickstart" in status and "heterogeneity" in status and "smoke" in status
@@ -420,7 +422,9 @@ def served_html(smoke_book):
     server.shutdown()
 
 
-def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
+def _chromium(profile, offline: bool = False):
+    """Headless Chromium through ChromeDriver; `offline`: every host but this machine's loopback is
+    unreachable (all traffic goes to a proxy that does not exist; loopback bypasses proxies)."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium comes with pip install -e '.[test]'")
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     assert chromium and chromedriver, "Debian's chromium and chromium-driver are needed: run `make browser`"
@@ -428,9 +432,14 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
     options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,4000"):
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,4000",
+                 *(["--proxy-server=http://127.0.0.1:9"] if offline else [])):
         options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
+    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
+
+
+def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
+    driver = _chromium(tmp_path / "profile")
     try:
         driver.set_page_load_timeout(60)
         driver.get(f"{served_html}/chapters/quickstart.html")
@@ -456,6 +465,52 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
     assert not stderr_blocks, "a cell wrote to stderr (warnings or errors are on the page)"
     assert not sideways, f"elements that scroll sideways: {sideways}"
     assert (ARTIFACTS / "quickstart.png").stat().st_size > 10_000
+
+
+def test_lab_page_typesets_maths_with_no_network_and_offers_its_notebook(served_html, tmp_path):
+    import time
+    import urllib.request
+
+    lab = labs.labs()[0]
+    driver = _chromium(tmp_path / "profile", offline=True)
+    try:
+        driver.set_page_load_timeout(60)
+        from selenium.common.exceptions import WebDriverException
+        with pytest.raises(WebDriverException, match="ERR_"):   # the network is out of reach: the CDN fails
+            driver.get("https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js")
+        driver.get(f"{served_html}/labs/{lab}.html")
+        for _ in range(100):   # MathJax typesets after the page has loaded
+            typeset = driver.execute_script("return document.querySelectorAll('mjx-container').length;")
+            if typeset and driver.execute_script("return !!(window.MathJax && MathJax.startup "
+                                                 "&& MathJax.startup.document.state() >= 200);"):
+                break
+            time.sleep(0.2)
+        scripts = driver.execute_script("return Array.from(document.scripts).map(s => s.src).filter(s => s);")
+        text = driver.find_element("tag name", "body").text
+        download = driver.execute_script("""return Array.from(document.querySelectorAll('a'))
+            .map(a => a.href).filter(h => h.endsWith('.ipynb'));""")
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "lab_offline.png"))
+    finally:
+        driver.quit()
+    mathjax = [src for src in scripts if "tex-mml-chtml" in src]
+    assert mathjax and all(src.startswith(served_html) for src in mathjax), mathjax
+    assert typeset >= 3, "the formulas were not typeset"
+    assert not re.search(r"\\(mathrm|frac|sum|lVert)|\$\$", text), "raw TeX on the page"
+    assert download == [f"{served_html}/_sources/labs/{lab}.ipynb"], download
+    with urllib.request.urlopen(download[0]) as response:   # the student version, as handed out
+        notebook = nbformat.reads(response.read().decode(), as_version=4)
+    source = "\n".join(c.source for c in notebook.cells)
+    assert "raise NotImplementedError()" in source and "BEGIN SOLUTION" not in source
+
+
+def test_every_chapter_page_offers_its_executed_notebook(smoke_book):
+    book_dir, html = smoke_book
+    for stem in book.toc_chapters(book_dir / "_toc.yml"):
+        page = (html / "chapters" / f"{stem}.html").read_text()
+        assert f'href="../_sources/chapters/{stem}.ipynb"' in page, stem
+        executed = nbformat.read(html / "_sources" / "chapters" / f"{stem}.ipynb", as_version=4)
+        assert any(c.get("outputs") for c in executed.cells if c.cell_type == "code"), stem
 
 
 def test_smoke_tuning_headline_numbers(smoke_book):
