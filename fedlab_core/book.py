@@ -2,7 +2,8 @@
 
 ``python -m fedlab_core.book --profile book`` executes every notebook named in ``book/_toc.yml`` from
 ``notebooks/`` into ``book/chapters/`` with that profile's parameters (``book/profiles.yml``), writes
-the execution-status page and the labs' student versions (``book/labs/``, see :mod:`fedlab_core.labs`) and builds the HTML with Jupyter Book (v1), failing on any warning.
+the execution-status page and the labs' student versions (``book/labs/``, see
+:mod:`fedlab_core.labs`) and builds the HTML with Jupyter Book (v1), failing on any warning.
 
 A notebook is executed again only when its source, its parameters or the library's code changed
 (a stamp in the executed notebook's metadata records the three); finished federated runs come from

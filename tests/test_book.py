@@ -422,6 +422,12 @@ def served_html(smoke_book):
     server.shutdown()
 
 
+# the elements of a page that scroll sideways (none should: code and tables wrap, book/_static/no-scroll.css)
+SIDEWAYS = """return Array.from(document.querySelectorAll('main *')).filter(e =>
+    e.scrollWidth > e.clientWidth + 2 && getComputedStyle(e).overflowX !== 'visible'
+    && getComputedStyle(e).overflowX !== 'hidden').map(e => e.tagName + '.' + e.className);"""
+
+
 def _chromium(profile, offline: bool = False):
     """Headless Chromium through ChromeDriver; `offline`: every host but this machine's loopback is
     unreachable (all traffic goes to a proxy that does not exist; loopback bypasses proxies)."""
@@ -447,11 +453,7 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
             "return Array.from(document.images).map(i => [i.src, i.complete, i.naturalWidth]);")
         text = driver.find_element("tag name", "body").text
         stderr_blocks = driver.find_elements("css selector", ".output.stderr, .stderr")
-        # nothing on the page scrolls sideways: code and tables wrap (book/_static/no-scroll.css)
-        sideways = driver.execute_script("""
-            return Array.from(document.querySelectorAll('main *')).filter(e =>
-                e.scrollWidth > e.clientWidth + 2 && getComputedStyle(e).overflowX !== 'visible'
-                && getComputedStyle(e).overflowX !== 'hidden').map(e => e.tagName + '.' + e.className);""")
+        sideways = driver.execute_script(SIDEWAYS)
         ARTIFACTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "quickstart.png"))
     finally:
@@ -486,6 +488,7 @@ def test_lab_page_typesets_maths_with_no_network_and_offers_its_notebook(served_
                 break
             time.sleep(0.2)
         scripts = driver.execute_script("return Array.from(document.scripts).map(s => s.src).filter(s => s);")
+        sideways = driver.execute_script(SIDEWAYS)
         text = driver.find_element("tag name", "body").text
         download = driver.execute_script("""return Array.from(document.querySelectorAll('a'))
             .map(a => a.href).filter(h => h.endsWith('.ipynb'));""")
@@ -498,6 +501,7 @@ def test_lab_page_typesets_maths_with_no_network_and_offers_its_notebook(served_
     assert typeset >= 3, "the formulas were not typeset"
     assert not re.search(r"\\(mathrm|frac|sum|lVert)|\$\$", text), "raw TeX on the page"
     assert download == [f"{served_html}/_sources/labs/{lab}.ipynb"], download
+    assert not sideways, f"elements that scroll sideways: {sideways}"
     with urllib.request.urlopen(download[0]) as response:   # the student version, as handed out
         notebook = nbformat.reads(response.read().decode(), as_version=4)
     source = "\n".join(c.source for c in notebook.cells)

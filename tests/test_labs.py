@@ -111,3 +111,36 @@ def test_student_version_stops_at_its_first_task_with_not_implemented(course, la
     assert first_task <= failed, "a cell before the first task failed"
     assert not any(_nbgrader(c).get("grade") for c in code[first_task:failed]), "a check before the failure passed"
     assert all(c.execution_count is not None for c in code[:failed])
+
+
+def test_nbgrader_autograde_gives_the_solution_full_marks_and_the_blank_lab_none(course, tmp_path):
+    # a course that grades with nbgrader: one student submits the solution, another the lab as handed out
+    # (both with tiny parameters typed into the parameters cell, which is theirs to change), and
+    # `nbgrader autograde` scores every check cell in full for the first and at zero for the second
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from nbgrader.api import Gradebook
+
+    lab = LABS[0]
+    nbgrader = Path(sys.executable).with_name("nbgrader")
+    env = {**os.environ, "PATH": f"{nbgrader.parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MPLBACKEND", None)
+    tiny = {**book.parameters_cell(SOURCES[lab]), **labs.tiny_parameters(lab)}
+    for student, notebook in (("solved", SOURCES[lab]), ("blank", course / "release" / lab / f"{lab}.ipynb")):
+        nb = nbformat.read(notebook, as_version=4)
+        next(c for c in nb.cells if c.cell_type == "code").source = "\n".join(f"{k} = {v!r}" for k, v in tiny.items())
+        (course / "submitted" / student / lab).mkdir(parents=True)
+        nbformat.write(nb, course / "submitted" / student / lab / f"{lab}.ipynb")
+        subprocess.run([str(nbgrader), "db", "student", "add", student], cwd=course, env=env, check=True,
+                       capture_output=True)
+        done = subprocess.run([str(nbgrader), "autograde", lab, "--student", student, "--force"], cwd=course,
+                              env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    points = sum(_nbgrader(c).get("points", 0) for c in nb.cells if c.cell_type == "code" and _nbgrader(c).get("grade"))
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        solved, blank = (gradebook.find_submission(lab, student) for student in ("solved", "blank"))
+        assert solved.max_code_score == points and solved.code_score == points
+        assert blank.code_score == 0
