@@ -60,12 +60,23 @@ class Scaffold(Algorithm):
     def server_message(self, server_state, cid) -> Message:
         return Message({"weights": server_state["weights"], "control": server_state["control"]})
 
+    @staticmethod
+    def corrected_gradient(grad: torch.Tensor, c: torch.Tensor, c_i: torch.Tensor) -> torch.Tensor:
+        """The corrected local gradient ``g + c - c_i`` of one parameter (computed in `grad`'s storage)."""
+        return grad.add_(c).sub_(c_i)
+
+    @staticmethod
+    def control_update(c_i: torch.Tensor, c: torch.Tensor, w_global: torch.Tensor, w_local: torch.Tensor,
+                       num_steps: int, lr: float) -> torch.Tensor:
+        """Option II: the client's new variate ``c_i - c + (w_global - w_local) / (K lr)`` (flat, (Q,))."""
+        return c_i - c + (w_global - w_local) / (num_steps * lr)
+
     def local_update(self, message, client_state, data, rng):
         w_global, c = message.tensors["weights"], message.tensors["control"]  # (P,), (Q,)
         c_i = client_state["control"]  # (Q,)
-        correction = c - c_i  # (Q,)
         modules = dict(self.model.named_parameters())
-        self._corrections = [(modules[name], self.params.view(correction, name)) for name in self.params.names]
+        self._corrections = [(modules[name], self.params.view(c, name), self.params.view(c_i, name))
+                             for name in self.params.names]
         self._steps = 0
         try:
             self.load(w_global, client_state)
@@ -75,8 +86,8 @@ class Scaffold(Algorithm):
         upload = self.upload(data, loss, client_state)  # the trained weights, local entries kept
         w_i = upload.tensors.pop("weights")  # (P,)
         if self._steps:
-            drift = (w_global - w_i)[self.param_mask] / (self._steps * self.training.lr)  # (Q,)
-            new_c_i = c_i - c + drift
+            new_c_i = self.control_update(c_i, c, w_global[self.param_mask], w_i[self.param_mask], self._steps,
+                                          self.training.lr)
         else:  # no step taken: nothing learnt about the local gradient
             new_c_i = c_i.clone()
         upload.tensors["delta"] = w_i - w_global
@@ -89,10 +100,9 @@ class Scaffold(Algorithm):
 
     @torch.no_grad()
     def before_step(self, client_state: dict[str, Any]) -> None:
-        for p, corr in self._corrections:
-            if p.grad is None:  # the correction applies even where the loss has no gradient
-                p.grad = torch.zeros_like(p)
-            p.grad.add_(corr)
+        for p, c, c_i in self._corrections:
+            # the correction applies even where the loss has no gradient
+            p.grad = self.corrected_gradient(torch.zeros_like(p) if p.grad is None else p.grad, c, c_i)
 
     def aggregate(self, server_state, uploads: list[tuple[int, Message]], round_idx) -> dict[str, Any]:
         w, c = server_state["weights"], server_state["control"]  # (P,), (Q,)
