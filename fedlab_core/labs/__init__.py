@@ -58,19 +58,23 @@ def close(answer, expected, what: str, atol: float = 1e-6, rtol: float = 1e-5) -
     return got
 
 
-def simulate(config, algorithm, progress: bool = False):
-    """The run `config` describes (data, split, model, schedule) with `algorithm` in place of the config's:
-    a :class:`~fedlab_core.engine.Simulation` on the CPU, so a student's own algorithm runs on the engine.
-    ``simulate(config, algorithm).run().rows`` is the log, one row per round."""
+def simulate(config, algorithm=None, augment=None, progress: bool = False):
+    """The run `config` describes (data, split, model, schedule) with `algorithm` and `augment` (e.g. a
+    student's) in place of the config's: a :class:`~fedlab_core.engine.Simulation` on the CPU, so that a
+    student's own code runs on the engine. ``simulate(config, algorithm).run().rows`` is the log, one row per
+    round. Like :func:`fedlab_core.run`, it computes with one torch thread (set for this process): a small
+    model trains fastest that way, and a busy machine slows it least."""
     import torch
 
     from ..engine import Simulation
     from ..runs import build
 
+    torch.set_num_threads(1)
     built = build(config, torch.device("cpu"))
-    return Simulation(algorithm, built.federation, built.model, seed=config.seed, num_rounds=config.num_rounds,
-                      fraction=config.fraction, clients_per_round=config.clients_per_round,
-                      eval_every=config.eval_every, augment=built.augment, progress=progress)
+    return Simulation(algorithm or built.algorithm, built.federation, built.model, seed=config.seed,
+                      num_rounds=config.num_rounds, fraction=config.fraction,
+                      clients_per_round=config.clients_per_round, eval_every=config.eval_every,
+                      augment=augment or built.augment, progress=progress)
 
 
 def passed(message: str) -> None:
