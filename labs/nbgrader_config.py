@@ -8,9 +8,11 @@ The solution version is written unexecuted (nbgrader executes it by default; eac
 so `make labs` takes seconds. Students' submissions go to submitted/ and are graded with the usual
 `nbgrader autograde <lab>`.
 """
+import os
+
 from nbgrader.preprocessors import ClearMarkScheme, ClearOutput, IncludeHeaderFooter, LockCells
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "fedlab-labs"
-c.CourseDirectory.root = "."
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))  # the course folder (this one)
 c.GenerateSolution.preprocessors = [IncludeHeaderFooter, LockCells, ClearOutput, ClearMarkScheme]
