@@ -17,8 +17,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable
-
 import numpy as np
 import yaml
 
@@ -92,7 +90,7 @@ def tiny_parameters(lab: str, course: Path = COURSE) -> dict:
     return (yaml.safe_load((course / "profiles.yml").read_text()) or {})[lab]["tiny"]
 
 
-def build_sets(course: Path = COURSE, names: Iterable[str] | None = None) -> dict[str, Path]:
+def build_sets(course: Path = COURSE) -> dict[str, Path]:
     """Generate the student (``release/``) and solution (``solution/``) versions of the labs with nbgrader.
 
     Returns ``{"release": folder, "solution": folder}``. The solutions are written as the sources
@@ -102,7 +100,7 @@ def build_sets(course: Path = COURSE, names: Iterable[str] | None = None) -> dic
     nbgrader = Path(sys.executable).with_name("nbgrader")
     # nbgrader runs alembic (its database migrations) by name: the environment's scripts come first
     env = {**os.environ, "PATH": f"{nbgrader.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for lab in names or labs(course):
+    for lab in labs(course):
         for step in ("generate_assignment", "generate_solution"):
             done = subprocess.run([str(nbgrader), step, lab, "--force", "--log-level=WARN"], cwd=course, env=env,
                                   capture_output=True, text=True)
