@@ -34,7 +34,7 @@ PARTITION_FIELDS = ("dataset", "dataset_params", "max_train_samples", "max_test_
 ROUND_KEYS = ("round", "clients", "failed", "train_loss", "global_accuracy", "mean_client_accuracy", "bytes_up",
               "bytes_down")
 META_KEYS = ("key", "code_version", "torch", "device", "workers", "dh", "samples", "failed_clients",
-             "resumed_from_round", "seconds")
+             "resumed_from_round", "stopped_at_plateau", "seconds")
 
 
 class Parser(argparse.ArgumentParser):
@@ -77,6 +77,10 @@ def _add_fields(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
         if f.name in MAPPINGS:
             p.add_argument(MAPPINGS[f.name], dest=f.name, action="append", metavar="KEY=VALUE",
                            default=argparse.SUPPRESS, help=f"{help_text}; repeatable, values parsed as JSON")
+            continue
+        if hints[f.name] is bool:
+            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=help_text)
             continue
         kinds = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
         p.add_argument(f"--{f.name.replace('_', '-')}", *ALIASES.get(f.name, []), dest=f.name, type=kinds[0],

@@ -27,6 +27,7 @@ from .algorithms.base import Algorithm, ClientsFailedError, Message, NonFiniteLo
 from .augment.base import Augment
 from .data.federation import Federation
 from .parallel import WorkerPool
+from .verdicts import plateaued
 
 log = logging.getLogger("fedlab_core")
 
@@ -85,13 +86,16 @@ class Simulation:
     workers : processes that train clients (and evaluate) side by side in :meth:`run`; 1: all in this
         process. More than one needs a CPU run (see :mod:`fedlab_core.parallel`). The numbers do not
         depend on it as long as every process runs torch with the same thread count (:func:`run` uses one).
+    stop_at_plateau : stop before a round once the mean client accuracy of the evaluated rounds so far passes
+        the plateau test (:func:`fedlab_core.verdicts.plateaued`); `num_rounds` is then the cap.
     """
 
     def __init__(self, algorithm: Algorithm, federation: Federation, model: torch.nn.Module, *, seed: int,
                  num_rounds: int, fraction: float = 1.0, clients_per_round: int = 0, eval_every: int = 1,
                  eval_batch_size: int = 1024, augment: Augment | None = None, progress: bool | None = None,
-                 workers: int = 1):
+                 workers: int = 1, stop_at_plateau: bool = False):
         self.algorithm, self.federation, self.model = algorithm, federation, model
+        self.stop_at_plateau = stop_at_plateau
         self.seed, self.num_rounds = seed, num_rounds
         self.fraction, self.clients_per_round = fraction, clients_per_round
         self.eval_every, self.eval_batch_size = eval_every, eval_batch_size
@@ -235,8 +239,13 @@ class Simulation:
                 self.pool = None
         return state
 
+    def plateaued(self, state: SimulationState) -> bool:
+        """Whether the run stops here: `stop_at_plateau` and the evaluated rounds so far pass the plateau test.
+        It reads only the log, so a run resumed from a checkpoint stops at the same round."""
+        return self.stop_at_plateau and plateaued({r["round"]: r["mean_client_accuracy"] for r in state.rows})
+
     def _rounds(self, state: SimulationState, bar, on_round_end) -> None:
-        while state.next_round <= self.num_rounds:
+        while state.next_round <= self.num_rounds and not self.plateaued(state):
             row = self.run_round(state)
             if row["mean_client_accuracy"] is not None:  # an evaluated round
                 shown = row["global_accuracy"] if not math.isnan(row["global_accuracy"]) else row["mean_client_accuracy"]

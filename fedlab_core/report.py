@@ -177,7 +177,8 @@ def record(found: "Verdicts", chapter: str, section: str = "", deviations: str =
     for i, v in enumerate(found.items, 1):
         runs = [[provenance(h) for h in side] for side in v.runs]
         rows.append({"number": i, "claim": v.claim, "source": source_of(v.claim), "paper": v.paper,
-                     "ours": v.evidence, "verdict": v.label, "outcome": v.verdict, "converged": v.converged,
+                     "ours": v.evidence, "verdict": v.label, "outcome": v.verdict, "category": v.category,
+                     "reason": v.reason, "decided": v.decided, "score": v.score, "converged": v.converged,
                      "mean": _number(v.mean), "stderr": _number(v.stderr), "seeds": v.seeds,
                      "low": _number(v.low), "high": _number(v.high), "claimed": _number(v.claimed),
                      "values": [_number(x) for x in v.values], "runs": runs})
@@ -205,28 +206,33 @@ def _strength(row: Mapping[str, Any]) -> str:
     scale = (f"{samples[0]:,}" if len(samples) == 1 else f"{samples[0]:,} to {samples[-1]:,}") if samples else "?"
     span = str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
     return (f"{', '.join(datasets)}; {scale} training images; {span} rounds; {seeds}"
+            + (f"; score: {row['score']}" if row.get("score") else "")
             + ("" if row["converged"] else "; not converged"))
 
 
 def _ours(row: Mapping[str, Any]) -> str:
-    """Our number as mean ± standard deviation over the seeds (the sample's, n - 1: the verdict's standard
-    error times sqrt(n)), with the seed count: the per-seed differences of an ordering claim, our values beside
-    a claimed number."""
+    """Our number with the seed count: the mean per-seed difference of an ordering claim with the 95% interval
+    the rule decided on; beside a claimed number, our mean ± standard deviation over the seeds (the sample's,
+    n - 1: the verdict's standard error times sqrt(n))."""
     seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
     if row["mean"] is None:
         return f"{seeds}, a run diverged"
-    std = row["stderr"] * math.sqrt(row["seeds"]) if row["stderr"] is not None else 0.0
+    interval = f" [{row['low']:+.3f}, {row['high']:+.3f}]" if row.get("low") is not None else ""
     if row["claimed"] is None:
-        return f"d = {row['mean']:+.3f} ± {std:.3f} ({seeds})"
+        return f"d = {row['mean']:+.3f}{interval} ({seeds})"
+    std = row["stderr"] * math.sqrt(row["seeds"]) if row["stderr"] is not None else 0.0
     return f"{row['mean']:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
 
 
-def _summary(outcomes: Iterable[str]) -> str:
+def _summary(categories: Iterable[str]) -> str:
+    """E.g. "1 held, 2 inconclusive (not converged); of 3", in the order of :data:`~.verdicts.OUTCOMES`."""
+    from .verdicts import OUTCOMES
+
     counts: dict[str, int] = {}
-    for o in outcomes:
+    for o in sorted(categories, key=lambda c: (OUTCOMES.index(c) if c in OUTCOMES else len(OUTCOMES), c)):
         counts[o] = counts.get(o, 0) + 1
     total = sum(counts.values())
-    return ", ".join(f"{n} {k}" for k, n in counts.items()) + f" (of {total})" if total else "no verdict"
+    return ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; of {total}" if total else "no verdict"
 
 
 _CLAIMED_DIFFERENCE = re.compile(r"^([+-]\d*\.\d+)( points)?( \([^()]*\))?$")
@@ -287,7 +293,7 @@ def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[E
         base = {"paper": e.paper, "source": e.source, "claim": e.claim, "paper's number": "", "ours": "",
                 "verdict": "", "evidence": "", "paper's setting": e.setting, "deviations": res.get("deviations", ""),
                 "chapter": e.chapter or "", "section": res.get("section", ""), "runs": [], "command": "",
-                "outcome": ""}
+                "outcome": "", "category": ""}
         return {**base, **values}
 
     def command(chapter: str) -> str:
@@ -295,14 +301,15 @@ def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[E
 
     def judged(e: Entry, r: Mapping[str, Any]) -> dict[str, Any]:
         return row(e, claim=r["claim"], **{"paper's number": r["paper"]}, ours=_ours(r), verdict=r["verdict"],
-                   evidence=_strength(r), runs=r["runs"], command=command(e.chapter), outcome=r["outcome"])
+                   evidence=_strength(r), runs=r["runs"], command=command(e.chapter), outcome=r["outcome"],
+                   category=r["category"])
 
     out = []
     for e in catalogue:
         res = results.get(e.chapter or "")
         if e.covers:
             rows = [r for c, x in results.items() if x["paper"] == e.paper for r in x["rows"] if r["source"] in e.covers]
-            out.append(row(e, verdict=_summary(r["outcome"] for r in rows),
+            out.append(row(e, verdict=_summary(r["category"] for r in rows),
                            evidence=f"the verdicts of {' and '.join(e.covers)}"))
         elif e.reason or res is None:
             out.append(row(e, verdict="not judged", evidence=e.reason or f"chapter {e.chapter} not executed"))
@@ -315,7 +322,7 @@ def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[E
         for r in res["rows"]:
             if r["source"] == BEYOND:
                 out.append(judged(Entry(res["paper"], BEYOND, "", chapter), r))
-    return pd.DataFrame(out, columns=[*COLUMNS, "outcome"])
+    return pd.DataFrame(out, columns=[*COLUMNS, "outcome", "category"])
 
 
 def write(table: "pd.DataFrame", stem: str | Path) -> tuple[Path, Path]:

@@ -92,6 +92,7 @@ class RunConfig:
     train_transform: str | None = None              # "flip_rotate": random flips and rotations of training images
     # evaluation and randomness
     eval_every: int = 1                             # evaluate every this many rounds (and after the last)
+    stop_at_plateau: bool = False                   # stop once the accuracy curve has converged (num_rounds: the cap)
     seed: int = 0                                   # the run's seed: data split, model init, every client stream
 
     def __post_init__(self) -> None:
@@ -446,7 +447,8 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
     augment = AUGMENTS[config.augment](**config.augment_params)
     return Simulation(algorithm, federation, model, seed=config.seed, num_rounds=config.num_rounds,
                       fraction=config.fraction, clients_per_round=config.clients_per_round,
-                      eval_every=config.eval_every, augment=augment, progress=progress, workers=workers)
+                      eval_every=config.eval_every, augment=augment, progress=progress, workers=workers,
+                      stop_at_plateau=config.stop_at_plateau)
 
 
 def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bool = True,
@@ -541,6 +543,7 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "seconds": time.perf_counter() - started,
               "setup_bytes": list(state.setup_bytes) if state is not None else [0, 0],
               "resumed_from_round": resumed_from, "diverged": diverged,
+              "stopped_at_plateau": rows[-1]["round"] if diverged is None and rows and sim.plateaued(state) else None,
               "data_checksum": fed.data_checksum, "split_hash": fed.split_hash(), "threads": torch.get_num_threads(),
               "versions": library_versions()},
     )

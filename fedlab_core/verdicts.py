@@ -1,59 +1,79 @@
-"""Verdicts on a paper's claims, computed from per-seed results by one written rule.
+"""Verdicts on a paper's claims, computed from per-seed scores by one written rule with a stated error rate.
 
-Every verdict in the book comes from this module; none is typed by hand. There are two kinds of claim.
+Every verdict in the book comes from this module; none is typed by hand.
 
-An **ordering claim** ("A beats B", "A scales better than B") is judged on the paired per-seed
-differences ``d = A - B`` (the same seeds, so the same splits and initialisations), in this order:
+**The score.** A run is scored at convergence, not on its last noisy round: by default the mean of the
+metric over the last fifth of its evaluated rounds (:data:`LAST_FIFTH`); a paper's own protocol where it
+states one, named in the verdict (:data:`BEST_ROUND`: the best evaluated round, DisTrans's Tables 5-6).
 
-1. *inconclusive* if there are fewer than :data:`MIN_SEEDS` seeds, or ``|mean d|`` is within one standard
-   error of ``d`` (``std(d) / sqrt(n)``, sample standard deviation);
-2. *held* if every seed's ``d`` lies in the claimed direction;
-3. *partly held* if the mean does but not every seed;
-4. *not held* if the mean goes the other way.
+**The convergence test** (:func:`plateaued`), per seed: a line fitted by least squares to the last third of
+the evaluated rounds (at least three of them, and at least :data:`MIN_EVALUATIONS` evaluated rounds in
+all) rises or falls by at most :data:`PLATEAU_RISE` over that span. A verdict on runs of which any fails it
+is *inconclusive (not converged)*, never held or not held. The engine can stop a run as soon as it passes
+(``RunConfig.stop_at_plateau``), with ``num_rounds`` as the cap.
 
-A **claimed number** ("99% of the gap removed", "+11.2 points", "1.2% overhead") is reported beside our
-mean and its 95% Student-t interval over seeds, and judged *reached* if the claimed value lies within the
-interval or on its worse side (below it for a quantity where higher is better, above it for a cost), *not
-reached* otherwise; with fewer than :data:`MIN_SEEDS` seeds it is *inconclusive*. A measured cost ratio is
-a claimed number whose better side is lower. A deterministic measurement (a byte count, a fitted exponent)
-is judged with ``deterministic=True``: one value, no interval, reached when it is on the claimed side.
+**An ordering claim** ("A beats B") is judged on the paired per-seed differences ``d = A - B`` of the
+scores (the same seeds: the same splits and initialisations), by the 95% Student-t interval of mean d:
 
-A verdict whose runs have not converged (:func:`converged`: the mean accuracy over seeds rose by more than
-:data:`CONVERGED_RISE` over the last fifth of rounds) carries "(not converged)": the claim was judged on
-runs that were still learning.
+- *held* when the interval lies wholly on the claimed side of zero;
+- *not held (reversed)* when it lies wholly on the other side;
+- *not held (no difference)* when it lies wholly inside the equivalence margin ``±margin``
+  (:data:`MARGIN`, one accuracy point, for accuracies);
+- *inconclusive* otherwise, and always with fewer than :data:`MIN_SEEDS` seeds, with runs that have not
+  converged, or with a run that diverged (the reason is printed with it).
 
-With many three-seed comparisons, some will read *held* by chance alone: with three seeds and no real
-difference, all three differences fall on the claimed side one time in four. :class:`Verdicts` counts
-the verdicts a chapter makes so the chapter can say so.
+Under no difference the interval misses zero on each side with probability 2.5%, so a false *held* and a
+false *not held (reversed)* each happen at most 2.5% of the time; :func:`error_rates` measures it by
+simulation, and the power against a real difference, and :func:`rule` prints both. A chapter may add
+seeds to an undecided claim, up to :data:`SEED_CAP`, by declaring two looks (``looks=2``): each look then
+uses a 97.5% interval (Bonferroni), which keeps the false-decision rate of the two looks together within
+the 5% of one look.
+
+**A claimed number** ("+11.2 points", "a 1.2% overhead") is judged only where it is comparable on our data:
+a gain in points, a share of a gap normalised by a reference run at the same budget, a cost ratio. It is
+*reached* when the claimed value lies within our 95% interval or on its worse side (below it for a
+quantity where higher is better, above it for a cost), *not reached* otherwise, with the same seed and
+convergence requirements. An absolute number from another dataset ("reaches 99%") is *not comparable*,
+with the reason: our dataset, not the method, would decide it. A deterministic measurement (a byte count,
+a fitted exponent) is judged with ``deterministic=True``: one value, no interval.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+
+import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from .runs import History
 
-MIN_SEEDS = 3            # a verdict stands on at least this many seeds
-CONVERGED_RISE = 0.01    # a rise in mean accuracy over the last fifth of rounds above this: not converged
-LEVEL = 0.95             # the interval beside a claimed number
+MIN_SEEDS = 5            # a decision stands on at least this many seeds
+SEED_CAP = 10            # the most seeds a chapter may add to an undecided claim (a second look)
+LEVEL = 0.95             # the interval that decides, over all looks together
+MARGIN = 0.01            # the equivalence margin for accuracies: one point (see rule())
+PLATEAU_RISE = 0.01      # the most a converged curve may rise or fall over the last third of its evaluations
+MIN_EVALUATIONS = 6      # fewer evaluated rounds than this show nothing about a plateau
+NOISE_SD = 0.01          # the spread of paired per-seed differences in our converged runs, for error_rates()
+SIMULATIONS = 20_000     # simulated claims per rate printed by rule()
 
-ORDER_VERDICTS = ("held", "partly held", "not held", "inconclusive")
-NUMBER_VERDICTS = ("reached", "not reached", "inconclusive")
+LAST_FIFTH = "mean of the last fifth of evaluated rounds"
+BEST_ROUND = "best evaluated round"
+SCORES = (LAST_FIFTH, BEST_ROUND)
 
-RULE = (
-    "**How a verdict is computed.** An ordering claim (\"A beats B\") is judged on the paired per-seed "
-    "differences d = A − B (same seeds, same splits): *inconclusive* if fewer than {seeds} seeds or |mean d| "
-    "is within one standard error of d; *held* if every seed's d is in the claimed direction; *partly held* if "
-    "the mean is but not every seed; *not held* if the mean goes the other way. A claimed number is shown "
-    "beside our mean and {level:.0%} interval and is *reached* if the claimed value lies within the interval or "
-    "on its worse side. A verdict on runs whose mean accuracy still rose by more than {rise:.0f} point over the "
-    "last fifth of rounds is marked *(not converged)*. With three seeds and no real difference, a comparison "
-    "reads *held* one time in four by chance, so among many verdicts a few *held* are expected by chance."
-).format(seeds=MIN_SEEDS, level=LEVEL, rise=CONVERGED_RISE * 100)
+HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
+REVERSED, NO_DIFFERENCE = "reversed", "no difference"
+ORDER_VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE)
+REACHED, NOT_REACHED, NOT_COMPARABLE = "reached", "not reached", "not comparable"
+NUMBER_VERDICTS = (REACHED, NOT_REACHED, INCONCLUSIVE, NOT_COMPARABLE)
+NOT_CONVERGED, DIVERGED = "not converged", "a run diverged"
+# every label a verdict can print, in the order tables and charts list them
+OUTCOMES = (HELD, REACHED, f"{NOT_HELD} ({REVERSED})", f"{NOT_HELD} ({NO_DIFFERENCE})", NOT_REACHED,
+            f"{INCONCLUSIVE} ({NOT_CONVERGED})", f"{INCONCLUSIVE} (fewer than {MIN_SEEDS} seeds)", INCONCLUSIVE,
+            f"{INCONCLUSIVE} ({DIVERGED})", NOT_COMPARABLE)
 
 
 def _values(x: Sequence[float] | Mapping[int, float]) -> dict[int, float] | list[float]:
@@ -83,6 +103,36 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
+def _t_quantile(level: float, dof):
+    from scipy import stats
+    return stats.t.ppf(0.5 + level / 2, dof)
+
+
+def look_level(looks: int) -> float:
+    """The level of each look's interval when a claim may be looked at `looks` times (Bonferroni)."""
+    if not isinstance(looks, int) or isinstance(looks, bool) or looks < 1:
+        raise ValueError(f"looks: must be an integer >= 1; got {looks!r}")
+    return 1 - (1 - LEVEL) / looks
+
+
+def _decide(low, high, sign: float, margin: float | None):
+    """The rule's decision from an interval [low, high] of mean d (arrays or floats): 0 held, 1 reversed,
+    2 no difference, 3 undecided. `sign` is +1 when the claim is that d > 0, -1 when d < 0."""
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    lo, hi = (low, high) if sign > 0 else (-high, -low)  # the interval of sign * d
+    equivalent = (lo >= -margin) & (hi <= margin) if margin is not None else np.zeros_like(lo, dtype=bool)
+    return np.select([lo > 0, hi < 0, equivalent], [0, 1, 2], default=3)
+
+
+def _interval(values: list[float], level: float) -> tuple[float, float, float, float]:
+    """(mean, standard error, low, high) of the mean of `values` at `level` (NaN bounds with one value)."""
+    mean, se = _mean_se(values)
+    if len(values) < 2:
+        return mean, se, math.nan, math.nan
+    half = float(_t_quantile(level, len(values) - 1)) * se
+    return mean, se, mean - half, mean + half
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One judged claim.
@@ -90,17 +140,21 @@ class Verdict:
     Attributes
     ----------
     claim : the claim in a short phrase.
-    verdict : one of :data:`ORDER_VERDICTS` or :data:`NUMBER_VERDICTS`.
+    verdict : the outcome, one of :data:`ORDER_VERDICTS` or :data:`NUMBER_VERDICTS`.
     mean : the mean paired difference (ordering) or our mean value (number).
     stderr : its standard error over seeds (NaN with one value).
     seeds : how many seeds it stands on.
-    low, high : our 95% interval (numbers; NaN for orderings).
+    low, high : the interval the rule decided on (NaN with one value).
     claimed : the paper's number (numbers; None for orderings).
-    converged : False when the runs behind it were still learning.
+    converged : False when a run behind it failed the plateau test.
     values : the per-seed differences or values it was computed from.
     paper : the paper's figure for the claim, as text (e.g. "+0.189 on CIFAR-10"), for the tables.
     runs : for a claim judged on training runs, the runs of each side (claimed better first, one per seed),
         whose curves :meth:`Verdicts.curves` draws; empty otherwise.
+    reason : why a claim is not held (reversed, no difference) or undecided (not converged, too few seeds,
+        a run diverged), or why a number is not comparable; printed in brackets after the outcome.
+    score : how each run was scored (:data:`SCORES`), for claims judged on runs.
+    margin : the equivalence margin of an ordering claim (None: no "no difference" decision).
     """
 
     claim: str
@@ -115,24 +169,40 @@ class Verdict:
     values: tuple[float, ...] = ()
     paper: str = ""
     runs: tuple = field(default=(), compare=False, repr=False)
+    reason: str = ""
+    score: str = ""
+    margin: float | None = None
 
     @property
     def label(self) -> str:
-        """The verdict as printed: e.g. "held", "not reached (not converged)", "inconclusive (a run diverged)"."""
-        if self.diverged:
-            return self.verdict + " (a run diverged)"
-        return self.verdict + ("" if self.converged else " (not converged)")
+        """The verdict as printed: "held", "not held (reversed)", "inconclusive (not converged)", ..."""
+        return self.verdict + (f" ({self.reason})" if self.reason else "")
+
+    @property
+    def category(self) -> str:
+        """The label a count groups by (one of :data:`OUTCOMES`): the label, with a not comparable number's
+        own reason left out and "not converged" standing for every unconverged claim."""
+        if self.verdict == NOT_COMPARABLE:
+            return NOT_COMPARABLE
+        if self.reason.startswith(NOT_CONVERGED):
+            return f"{INCONCLUSIVE} ({NOT_CONVERGED})"
+        return self.label
+
+    @property
+    def decided(self) -> bool:
+        """Whether the rule decided the claim (held, not held, reached or not reached)."""
+        return self.verdict not in (INCONCLUSIVE, NOT_COMPARABLE)
 
     @property
     def evidence(self) -> str:
-        """Our numbers in one phrase: "d = +0.012 ± 0.004 (3 seeds)" or "0.91 [0.88, 0.94] (3 seeds)"."""
+        """Our numbers in one phrase: "d = +0.012 [+0.004, +0.020] (5 seeds)" or "0.91 [0.88, 0.94] (5 seeds)"."""
         seeds = f"{self.seeds} seed{'s' if self.seeds != 1 else ''}"
         if self.diverged:
             return f"{seeds}, a run diverged"
+        interval = "" if math.isnan(self.low) else f" [{self.low:+.3f}, {self.high:+.3f}]"
         if self.claimed is None:
-            spread = "" if math.isnan(self.stderr) else f" ± {self.stderr:.3f}"
-            return f"d = {self.mean:+.3f}{spread} ({seeds})"
-        interval = "" if math.isnan(self.low) else f" [{self.low:.3g}, {self.high:.3g}]"
+            return f"d = {self.mean:+.3f}{interval} ({seeds})"
+        interval = "" if math.isnan(self.low) or self.low == self.high else f" [{self.low:.3g}, {self.high:.3g}]"
         return f"{self.mean:.3g}{interval} ({seeds}), claimed {self.claimed:.3g}"
 
     def __str__(self) -> str:
@@ -143,9 +213,17 @@ class Verdict:
         return any(math.isnan(v) for v in self.values)
 
 
+def _undecided(n: int, converged: bool, required: bool = True) -> str:
+    """The reason a claim cannot be decided before its interval is looked at ("" when it can)."""
+    if required and n < MIN_SEEDS:
+        return f"fewer than {MIN_SEEDS} seeds" if converged else f"{NOT_CONVERGED}; fewer than {MIN_SEEDS} seeds"
+    return "" if converged else NOT_CONVERGED
+
+
 def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping[int, float], claim: str = "",
           higher: bool = True, converged: bool = True, paper: str = "",
-          runs: tuple[Sequence["History"], Sequence["History"]] = ()) -> Verdict:
+          runs: tuple[Sequence["History"], Sequence["History"]] = (), margin: float | None = MARGIN,
+          looks: int = 1, score: str = "") -> Verdict:
     """Judge "a beats b" from paired per-seed results.
 
     Parameters
@@ -153,40 +231,37 @@ def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping
     a, b : per-seed results of the two sides (sequences in the same seed order, or mappings seed -> value).
     claim : the claim in a short phrase.
     higher : True when the claim is that a is higher than b (accuracy), False when lower (loss, cost).
-    converged : whether the runs behind both sides converged (see :func:`converged`).
+    converged : whether the runs behind both sides passed the plateau test (see :func:`converged`).
     paper : the paper's figure for the claim, as text.
     runs : the training runs behind a and b, when the values come from runs: their curves are drawn by
         :meth:`Verdicts.curves`.
-
-    A NaN result (a run that diverged) makes the verdict *inconclusive*, labelled "(a run diverged)".
+    margin : the equivalence margin in the unit of a and b (default one accuracy point); None for a
+        quantity with no natural margin: the claim is then never decided as "no difference".
+    looks : how many times the chapter may look at this claim as it adds seeds (2: at five seeds and again
+        up to :data:`SEED_CAP`); each look's interval is widened so the looks together keep the 5% rate.
+    score : how the values were scored, when they come from runs (:data:`SCORES`).
     """
     d = _paired(a, b)
     if not d:
         raise ValueError("a claim needs at least one seed")
+    if margin is not None and not margin >= 0:
+        raise ValueError(f"margin: must be a number >= 0 or None; got {margin!r}")
+    common = dict(claim=claim, seeds=len(d), converged=converged, values=tuple(d), paper=paper,
+                  runs=tuple(tuple(r) for r in runs), score=score, margin=margin)
     if any(math.isnan(v) for v in d):
-        return Verdict(claim, "inconclusive", math.nan, math.nan, len(d), converged=converged, values=tuple(d),
-                       paper=paper, runs=tuple(tuple(r) for r in runs))
-    mean, se = _mean_se(d)
-    sign = 1.0 if higher else -1.0
-    if len(d) < MIN_SEEDS or abs(mean) <= se:
-        verdict = "inconclusive"
-    elif all(sign * v > 0 for v in d):
-        verdict = "held"
-    elif sign * mean > 0:
-        verdict = "partly held"
-    else:
-        verdict = "not held"
-    return Verdict(claim, verdict, mean, se, len(d), converged=converged, values=tuple(d), paper=paper,
-                   runs=tuple(tuple(r) for r in runs))
-
-
-def _t_quantile(level: float, dof: int) -> float:
-    from scipy import stats
-    return float(stats.t.ppf(0.5 + level / 2, dof))
+        return Verdict(verdict=INCONCLUSIVE, mean=math.nan, stderr=math.nan, reason=DIVERGED, **common)
+    mean, se, low, high = _interval(d, look_level(looks))
+    reason = _undecided(len(d), converged)
+    if reason:
+        return Verdict(verdict=INCONCLUSIVE, mean=mean, stderr=se, low=low, high=high, reason=reason, **common)
+    outcome = int(_decide(low, high, 1.0 if higher else -1.0, margin))
+    verdict, reason = [(HELD, ""), (NOT_HELD, REVERSED), (NOT_HELD, NO_DIFFERENCE), (INCONCLUSIVE, "")][outcome]
+    return Verdict(verdict=verdict, mean=mean, stderr=se, low=low, high=high, reason=reason, **common)
 
 
 def number(values: Sequence[float] | Mapping[int, float], claimed: float, claim: str = "", higher: bool = True,
-           converged: bool = True, deterministic: bool = False) -> Verdict:
+           converged: bool = True, deterministic: bool = False, comparable: str | bool = True,
+           paper: str = "") -> Verdict:
     """Judge a claimed number against our per-seed values.
 
     Parameters
@@ -195,97 +270,229 @@ def number(values: Sequence[float] | Mapping[int, float], claimed: float, claim:
     claimed : the paper's number, in the same unit.
     claim : the claim in a short phrase.
     higher : True when higher is better (accuracy, a gain), False for a cost (seconds, bytes, a ratio).
-    converged : whether the runs behind the values converged.
+    converged : whether the runs behind the values passed the plateau test.
     deterministic : the values do not vary with the seed (a byte count, an exponent fitted to one sweep):
         judged on their mean, with no interval and no seed requirement.
+    comparable : True when the claimed number means the same on our data; else the reason it does not (an
+        absolute accuracy on another dataset): the verdict is then *not comparable*, with that reason.
+    paper : the paper's figure as text (default: the claimed number).
     """
     v = _values(values)
     v = list(v.values()) if isinstance(v, dict) else v
     if not v:
         raise ValueError("a claim needs at least one value")
+    if comparable is not True and not (isinstance(comparable, str) and comparable.strip()):
+        raise ValueError("comparable: must be True or the reason the claimed number is not comparable")
+    common = dict(claim=claim, seeds=len(v), claimed=float(claimed), converged=converged, values=tuple(v),
+                  paper=paper or f"{float(claimed):.3g}")
+    if comparable is not True:
+        mean, se = _mean_se(v)
+        return Verdict(verdict=NOT_COMPARABLE, mean=mean, stderr=se, reason=comparable, **common)
     if any(math.isnan(x) for x in v):
-        return Verdict(claim, "inconclusive", math.nan, math.nan, len(v), claimed=float(claimed),
-                       converged=converged, values=tuple(v), paper=f"{float(claimed):.3g}")
-    mean, se = _mean_se(v)
+        return Verdict(verdict=INCONCLUSIVE, mean=math.nan, stderr=math.nan, reason=DIVERGED, **common)
     if deterministic:
+        mean, se = _mean_se(v)
         low = high = mean
-    elif len(v) >= 2:
-        half = _t_quantile(LEVEL, len(v) - 1) * se
-        low, high = mean - half, mean + half
     else:
-        low = high = math.nan
-    if not deterministic and len(v) < MIN_SEEDS:
-        verdict = "inconclusive"
-    else:
-        ok = claimed <= high if higher else claimed >= low
-        verdict = "reached" if ok else "not reached"
-    return Verdict(claim, verdict, mean, se, len(v), low, high, float(claimed), converged, tuple(v),
-                   f"{float(claimed):.3g}")
+        mean, se, low, high = _interval(v, LEVEL)
+    reason = _undecided(len(v), converged, required=not deterministic)
+    if reason:
+        return Verdict(verdict=INCONCLUSIVE, mean=mean, stderr=se, low=low, high=high, reason=reason, **common)
+    ok = claimed <= high if higher else claimed >= low
+    return Verdict(verdict=REACHED if ok else NOT_REACHED, mean=mean, stderr=se, low=low, high=high, **common)
 
 
-def converged(curves: Sequence[Sequence[float]] | Sequence[float], rise: float = CONVERGED_RISE) -> bool:
-    """Whether accuracy curves have flattened: the mean over seeds rose by at most ``rise`` over the last
-    fifth of rounds (at least one round).
+# ------------------------------------------------------------------------------ convergence and scores
+
+def _evaluated(curve: Sequence[float | None] | Mapping[int, float | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(rounds, values) of the evaluated points of a curve (None or NaN: not evaluated); a sequence's
+    entries are rounds 1, 2, ..."""
+    items = curve.items() if isinstance(curve, Mapping) else enumerate(curve, 1)
+    pts = [(float(r), float(v)) for r, v in items if v is not None and not math.isnan(float(v))]
+    rounds, values = (np.array(x, dtype=float) for x in zip(*pts)) if pts else (np.array([]), np.array([]))
+    return rounds, values
+
+
+def plateau_rise(curve: Sequence[float | None] | Mapping[int, float | None]) -> float:
+    """The rise of a least-squares line over the last third of a curve's evaluated rounds (at least three
+    points), from the first of them to the last; NaN when fewer than :data:`MIN_EVALUATIONS` rounds were
+    evaluated.
 
     Parameters
     ----------
-    curves : one accuracy curve (per round) or one per seed (all of the same length); None entries (rounds
-        without an evaluation) are skipped.
+    curve : the metric per round (a sequence for rounds 1, 2, ... or a mapping round -> value); None or NaN
+        marks a round without an evaluation.
     """
-    import numpy as np
-    a = np.asarray(curves, dtype=float)  # None -> NaN
-    a = a[None] if a.ndim == 1 else a    # (seeds, rounds)
-    mean = a[:, ~np.isnan(a).all(0)].mean(0)  # evaluated rounds only
-    if len(mean) < 2:
-        return False  # one evaluated round shows nothing about flattening
-    k = max(1, round(len(mean) / 5))
-    return bool(mean[-1] - mean[-1 - k] <= rise)
+    rounds, values = _evaluated(curve)
+    if len(values) < MIN_EVALUATIONS:
+        return math.nan
+    k = max(3, math.ceil(len(values) / 3))
+    x, y = rounds[-k:], values[-k:]
+    slope = np.polyfit(x, y, 1)[0]
+    return float(slope * (x[-1] - x[0]))
 
 
-# ------------------------------------------------------------------------------ from runs
+def plateaued(curve: Sequence[float | None] | Mapping[int, float | None], rise: float = PLATEAU_RISE) -> bool:
+    """The convergence test of one run's curve: the line fitted to its last third moves by at most `rise`
+    (up or down) over that span. False with fewer than :data:`MIN_EVALUATIONS` evaluated rounds."""
+    r = plateau_rise(curve)
+    return bool(not math.isnan(r) and abs(r) <= rise)
 
-def seed_values(runs: Sequence["History"], metric: str = "mean_client_accuracy") -> dict[int, float]:
-    """One run per seed -> ``{seed: the run's final value of metric}`` (NaN where it diverged)."""
-    out = {}
-    for h in runs:
-        value = h.final.get(metric)
-        out[int(h.config["seed"])] = math.nan if value is None else float(value)
+
+def converged(curves: Sequence[Sequence[float | None]] | Sequence[float | None], rise: float = PLATEAU_RISE) -> bool:
+    """Whether every seed's curve passes :func:`plateaued` (one curve, or one per seed)."""
+    curves = list(curves)
+    if curves and not isinstance(curves[0], (Sequence, Mapping, np.ndarray)):
+        curves = [curves]
+    return bool(curves) and all(plateaued(c, rise) for c in curves)
+
+
+def curve(h: "History", metric: str = "mean_client_accuracy") -> dict[int, float]:
+    """A run's evaluated rounds: ``{round: metric}``."""
+    return {int(r["round"]): float(r[metric]) for r in h.rounds if r.get(metric) is not None}
+
+
+def _diverged(h: "History", metric: str) -> bool:
+    """A run that stopped on a non-finite loss has no final value (None or NaN)."""
+    final = h.final.get(metric)
+    return final is None or math.isnan(float(final))
+
+
+def score(h: "History", metric: str = "mean_client_accuracy", protocol: str = LAST_FIFTH) -> float:
+    """One run's score: the mean of `metric` over the last fifth of its evaluated rounds (at least one), or
+    its best evaluated round (:data:`BEST_ROUND`); NaN for a run that diverged."""
+    if protocol not in SCORES:
+        raise ValueError(f"protocol: unknown value {protocol!r}; allowed: {', '.join(SCORES)}")
+    if _diverged(h, metric):
+        return math.nan
+    values = list(curve(h, metric).values())
+    if not values:
+        return math.nan
+    if protocol == BEST_ROUND:
+        return float(max(values))
+    k = max(1, math.ceil(len(values) / 5))
+    return float(np.mean(values[-k:]))
+
+
+def seed_values(runs: Sequence["History"], metric: str = "mean_client_accuracy",
+                protocol: str = LAST_FIFTH) -> dict[int, float]:
+    """One run per seed -> ``{seed: the run's score}`` (:func:`score`; NaN where it diverged)."""
+    out = {int(h.config["seed"]): score(h, metric, protocol) for h in runs}
     if len(out) != len(runs):
         raise ValueError(f"runs must have one seed each, got seeds {[h.config['seed'] for h in runs]}")
     return out
 
 
 def runs_converged(runs: Sequence["History"], metric: str = "mean_client_accuracy") -> bool:
-    """:func:`converged` on the runs' per-round curves of metric (one run per seed)."""
-    return converged([[r.get(metric) for r in h.rounds] for h in runs])
+    """Whether every run's curve of `metric` passes the plateau test (:func:`plateaued`)."""
+    return bool(runs) and all(plateaued(curve(h, metric)) for h in runs)
 
 
 def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metric: str = "mean_client_accuracy",
-          higher: bool = True, paper: str = "") -> Verdict:
-    """:func:`order` on two methods' runs (one per seed, the same seeds), judged on the final `metric`,
-    marked "(not converged)" unless both sides' curves flattened."""
-    return order(seed_values(a, metric), seed_values(b, metric), claim, higher,
-                 runs_converged(a, metric) and runs_converged(b, metric), paper, runs=(a, b))
+          higher: bool = True, paper: str = "", protocol: str = LAST_FIFTH, margin: float | None = MARGIN,
+          looks: int = 1) -> Verdict:
+    """:func:`order` on two methods' runs (one per seed, the same seeds), each scored by `protocol`;
+    inconclusive (not converged) unless every run of both sides passes the plateau test."""
+    return order(seed_values(a, metric, protocol), seed_values(b, metric, protocol), claim, higher,
+                 runs_converged(a, metric) and runs_converged(b, metric), paper, runs=(a, b), margin=margin,
+                 looks=looks, score=protocol)
 
 
-def ahead_throughout(a: Sequence["History"], b: Sequence["History"], claim: str = "",
-                     metric: str = "mean_client_accuracy", paper: str = "") -> Verdict:
-    """:func:`order` on "a is ahead of b at every evaluated round" (a convergence claim): per seed, the
-    smallest difference a - b over the rounds both runs evaluated, against zero; held when that lead is
-    positive for every seed."""
-    def curve(h: "History") -> dict[int, float]:
-        return {r["round"]: float(r[metric]) for r in h.rounds if r.get(metric) is not None}
-
+def ahead_over_rounds(a: Sequence["History"], b: Sequence["History"], claim: str = "",
+                      metric: str = "mean_client_accuracy", paper: str = "", margin: float | None = MARGIN) -> Verdict:
+    """:func:`order` on "a is ahead of b over the rounds" (a claim about curves, e.g. "converges faster" or
+    "ahead at every round"): per seed, the mean of a - b over the rounds both runs evaluated, the area
+    between the curves per round. Not the smallest lead, which one noisy round decides."""
     by_seed = {int(h.config["seed"]): h for h in b}
     lead = {}
     for h in a:
         seed = int(h.config["seed"])
-        ca, cb = curve(h), curve(by_seed[seed])
+        ca, cb = curve(h, metric), curve(by_seed[seed], metric)
         common = sorted(set(ca) & set(cb))
-        lead[seed] = min(ca[r] - cb[r] for r in common) if common else math.nan
+        diverged = any(_diverged(x, metric) for x in (h, by_seed[seed]))
+        lead[seed] = math.nan if diverged or not common else float(np.mean([ca[r] - cb[r] for r in common]))
     return order(lead, {s: 0.0 for s in lead}, claim, True, runs_converged(a, metric) and runs_converged(b, metric),
-                 paper, runs=(a, b))
+                 paper, runs=(a, b), margin=margin, score="mean difference over the evaluated rounds")
 
+
+# ------------------------------------------------------------------------------ the rule's error rates
+
+@functools.lru_cache(maxsize=32)
+def error_rates(effect: float = 0.0, seeds: int = MIN_SEEDS, sd: float = NOISE_SD, margin: float | None = MARGIN,
+                looks: int = 1, noise: str = "normal", simulations: int = SIMULATIONS, seed: int = 0
+                ) -> dict[str, float]:
+    """How often the rule decides each way, by simulation of claims "A beats B" with a true mean difference
+    `effect`.
+
+    Parameters
+    ----------
+    effect : the true mean of d (0: no difference).
+    seeds : the seeds of the first look.
+    sd : the spread of d between seeds (:data:`NOISE_SD`: that of our converged runs).
+    margin : the equivalence margin.
+    looks : 1: one look at `seeds`; 2: a second look at :data:`SEED_CAP` seeds for claims the first left
+        undecided, both at the widened level of :func:`look_level`.
+    noise : "normal", or "heavy" for Student-t noise with 3 degrees of freedom scaled to the same spread
+        (runs that now and then land far off).
+
+    Returns ``{"held", "reversed", "no difference", "inconclusive"}`` shares, summing to one.
+    """
+    if noise not in ("normal", "heavy"):
+        raise ValueError(f"noise: unknown value {noise!r}; allowed: normal, heavy")
+    rng = np.random.default_rng(seed)
+    n_max = SEED_CAP if looks > 1 else seeds
+    if noise == "normal":
+        draws = rng.standard_normal((simulations, n_max))
+    else:
+        draws = rng.standard_t(3, (simulations, n_max)) / math.sqrt(3)  # t(3) has variance 3
+    d = effect + sd * draws
+    level = look_level(looks)
+    outcome = np.full(simulations, 3)
+    for n in ((seeds, SEED_CAP) if looks > 1 else (seeds,)):
+        open_ = outcome == 3
+        x = d[open_, :n]
+        mean, se = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
+        half = _t_quantile(level, n - 1) * se
+        outcome[open_] = _decide(mean - half, mean + half, 1.0, margin)
+    shares = np.bincount(outcome, minlength=4) / simulations
+    return dict(zip(("held", "reversed", "no difference", "inconclusive"), map(float, shares)))
+
+
+@functools.lru_cache(maxsize=1)
+def rule() -> str:
+    """The rule as the book prints it, with its error rates computed by :func:`error_rates`."""
+    null, power = error_rates(0.0), error_rates(2 * NOISE_SD)
+    null2, power2 = error_rates(0.0, looks=2), error_rates(2 * NOISE_SD, looks=2)
+    heavy = error_rates(0.0, noise="heavy")
+    small = error_rates(0.0, sd=NOISE_SD / 4)
+    pct = lambda x: f"{100 * x:.1f}%"
+    return (
+        f"**How a verdict is computed.** Each run is scored at convergence: the mean accuracy over the last fifth "
+        f"of its evaluated rounds (a paper's own protocol where it states one, named with the verdict). A run "
+        f"has converged when a line fitted to the last third of its evaluated rounds (at least "
+        f"{MIN_EVALUATIONS} evaluations) moves by at most {100 * PLATEAU_RISE:.0f} point over that span. An "
+        f"ordering claim (\"A beats B\") is judged on the paired per-seed differences d = A − B of the scores, by "
+        f"the {LEVEL:.0%} Student-t interval of their mean: *held* if the interval lies wholly on the claimed side "
+        f"of zero; *not held (reversed)* if wholly on the other side; *not held (no difference)* if wholly within "
+        f"±{100 * MARGIN:.0f} accuracy point, a difference below the sampling error of an accuracy on our test "
+        f"sets (about 1.3 points at 0.8 on 1,000 images); *inconclusive* otherwise, and always with fewer than "
+        f"{MIN_SEEDS} seeds or when any run behind the claim has not converged (the reason is printed). "
+        f"A claimed number is *reached* if it lies within our {LEVEL:.0%} interval or on its worse side, under "
+        f"the same conditions; an absolute number from another dataset is *not comparable*. "
+        f"**Error rates, simulated** ({SIMULATIONS:,} claims each, per-seed spread of d {100 * NOISE_SD:.0f} "
+        f"point, {MIN_SEEDS} seeds): with no real difference the rule says *held* {pct(null['held'])} of the "
+        f"time and *not held (reversed)* {pct(null['reversed'])}; with a real difference of two standard "
+        f"deviations it says *held* {pct(power['held'])} of the time (its power). With heavy-tailed noise (t, 3 "
+        f"degrees of freedom) the false *held* rate is {pct(heavy['held'])}. *No difference* needs a spread "
+        f"well below the margin: at {100 * NOISE_SD:.0f} point it is decided {pct(null['no difference'])} of "
+        f"the time under no difference, at {100 * NOISE_SD / 4:.2f} point {pct(small['no difference'])}. "
+        f"A chapter may add seeds to an undecided claim, up to {SEED_CAP}, with a {look_level(2):.1%} interval "
+        f"at each of the two looks: false *held* then {pct(null2['held'])} and false *reversed* "
+        f"{pct(null2['reversed'])}, power {pct(power2['held'])}."
+    )
+
+
+# ------------------------------------------------------------------------------ a chapter's verdicts
 
 @dataclass
 class Verdicts:
@@ -301,13 +508,18 @@ class Verdicts:
         self.items.extend(verdicts)
 
     def count(self, label: str | None = None) -> int:
-        """How many verdicts, or how many with this verdict (e.g. "held")."""
-        return sum(1 for v in self.items if label is None or v.verdict == label)
+        """How many verdicts, or how many with this outcome ("held"), category or full label ("not held
+        (reversed)")."""
+        return sum(1 for v in self.items if label is None or label in (v.verdict, v.category, v.label))
 
     def summary(self) -> str:
-        """E.g. "12 verdicts: 3 held, 2 partly held, 5 not held, 2 inconclusive"."""
-        counts = {k: self.count(k) for k in dict.fromkeys(ORDER_VERDICTS + NUMBER_VERDICTS)}
-        parts = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        """E.g. "12 verdicts: 3 held, 2 not held (reversed), 7 inconclusive (not converged)", by category."""
+        labels = [v.category for v in self.items]
+        order_ = {label: i for i, label in enumerate(OUTCOMES)}
+        counts: dict[str, int] = {}
+        for label in sorted(labels, key=lambda x: (order_.get(x, len(OUTCOMES)), x)):
+            counts[label] = counts.get(label, 0) + 1
+        parts = ", ".join(f"{n} {k}" for k, n in counts.items())
         return f"{len(self.items)} verdict{'s' if len(self.items) != 1 else ''}" + (f": {parts}" if parts else "")
 
     def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):
@@ -317,7 +529,6 @@ class Verdicts:
         import textwrap
 
         import matplotlib.pyplot as plt
-        import numpy as np
 
         shown = [(i, v) for i, v in enumerate(self.items, 1) if v.runs]
         if not shown:
@@ -346,5 +557,6 @@ class Verdicts:
         """One row per verdict: its number (the panel of :meth:`curves`), the claim, the paper's figure, ours,
         the verdict."""
         import pandas as pd
-        return pd.DataFrame({"#": range(1, len(self.items) + 1), "claim": [v.claim for v in self.items], "paper": [v.paper for v in self.items],
-                             "ours": [v.evidence for v in self.items], "verdict": [v.label for v in self.items]})
+        return pd.DataFrame({"#": range(1, len(self.items) + 1), "claim": [v.claim for v in self.items],
+                             "paper": [v.paper for v in self.items], "ours": [v.evidence for v in self.items],
+                             "verdict": [v.label for v in self.items]})

@@ -10,17 +10,18 @@ from fedlab_core.runs import History, run
 
 
 def history(seed, acc, algorithm="fedavg"):
-    rounds = [{"round": r, "mean_client_accuracy": a} for r, a in enumerate((acc - 0.1, acc - 0.001, acc), 1)]
+    # a curve that has flattened (the plateau test passes) and scores acc
+    rounds = [{"round": r, "mean_client_accuracy": a} for r, a in enumerate((acc - 0.1, acc - 0.05, *[acc] * 6), 1)]
     meta = {"key": f"{algorithm}-{seed}", "code_version": "v", "device": "cpu", "data_checksum": "d",
             "split_hash": f"s{seed}", "threads": 1, "versions": {"torch": "t"}, "samples": {"train": 500}}
-    config = {"seed": seed, "dataset": "digits", "model": "mlp", "algorithm": algorithm, "num_rounds": 3}
+    config = {"seed": seed, "dataset": "digits", "model": "mlp", "algorithm": algorithm, "num_rounds": 8}
     return History(config=config, rounds=rounds, final={"mean_client_accuracy": acc}, meta=meta)
 
 
 def chapter_verdicts():
     found = verdicts.Verdicts()
-    a = [history(s, 0.8 + 0.01 * s, "distrans") for s in range(3)]
-    b = [history(s, 0.7, "fedavg") for s in range(3)]
+    a = [history(s, 0.8 + 0.01 * s, "distrans") for s in range(5)]
+    b = [history(s, 0.7, "fedavg") for s in range(5)]
     found.add(verdicts.beats(a, b, "Table 1, DH 80%: DisTrans beats FedAvg", paper="+0.02"))
     found.add(verdicts.beats(b, a, "Table 1, DH 0%: FedAvg beats DisTrans"))
     found.add(verdicts.beats(a, b, "Label skew: DisTrans beats FedAvg"))
@@ -48,9 +49,11 @@ def test_record_writes_verdicts_with_the_provenance_of_their_runs(tmp_path):
     saved = json.loads(path.read_text())
     assert path.name == "distrans.json" and saved["paper"] == "DisTrans" and saved["section"] == "what-we-found"
     first = saved["rows"][0]
-    assert first["source"] == "Table 1" and first["outcome"] == "held" and first["seeds"] == 3
-    assert first["mean"] == pytest.approx(0.11) and first["paper"] == "+0.02"
-    assert [r["key"] for r in first["runs"][0]] == ["distrans-0", "distrans-1", "distrans-2"]
+    assert first["source"] == "Table 1" and first["outcome"] == "held" and first["seeds"] == 5
+    assert first["decided"] and first["converged"] and first["score"] == verdicts.LAST_FIFTH
+    assert saved["rows"][1]["verdict"] == "not held (reversed)" and saved["rows"][1]["reason"] == "reversed"
+    assert first["mean"] == pytest.approx(0.12) and first["paper"] == "+0.02"
+    assert [r["key"] for r in first["runs"][0]] == [f"distrans-{s}" for s in range(5)]
     assert first["runs"][1][2] == {**first["runs"][1][2], "seed": 2, "split_hash": "s2", "threads": 1,
                                    "data_checksum": "d", "train_samples": 500}
     assert saved["rows"][2]["source"] == BEYOND
@@ -63,10 +66,11 @@ def test_claims_table_lays_the_catalogue_against_the_results(tmp_path):
                   skipped={"Fig. 7": "UMAP_PER_CLIENT is 0 in this profile"}, folder=tmp_path)
     table = report.claims_table(report.read(tmp_path), CATALOGUE, profile="smoke")
     assert list(table["source"]) == ["abstract", "Table 1", "Table 1", "Table 9", "Fig. 7", BEYOND]
-    assert table["verdict"].iloc[0] == "1 held, 1 not held (of 2)"          # the abstract sums its tables' verdicts
-    assert list(table["verdict"].iloc[1:3]) == ["held", "not held"]
-    assert table["ours"].iloc[1] == "d = +0.110 ± 0.010 (3 seeds)"        # mean ± std of the per-seed differences
-    assert table["evidence"].iloc[1] == "digits (embedded); 500 training images; 3 rounds; 3 seeds"
+    assert table["verdict"].iloc[0] == "1 held, 1 not held (reversed); of 2"  # the abstract sums its tables' verdicts
+    assert list(table["verdict"].iloc[1:3]) == ["held", "not held (reversed)"]
+    assert table["ours"].iloc[1] == "d = +0.120 [+0.100, +0.140] (5 seeds)"   # mean d and its 95% interval
+    assert table["evidence"].iloc[1] == ("digits (embedded); 500 training images; 8 rounds; 5 seeds; score: mean of "
+                                         "the last fifth of evaluated rounds")
     assert table["paper's setting"].iloc[1] == "CIFAR-10" and table["deviations"].iloc[1] == "Fashion-MNIST"
     assert table["command"].iloc[1] == "python -m fedlab_core.book --profile smoke --chapters distrans"
     assert table["verdict"].iloc[3] == "not judged" and table["evidence"].iloc[3] == "needs MRI volumes"
@@ -95,7 +99,7 @@ def test_csv_and_json_hold_the_table(tmp_path):
     assert list(back.columns) == list(table.columns) and len(back) == len(table)
     for column in ("source", "claim", "paper's number", "ours", "verdict", "evidence", "command"):
         assert list(back[column].astype(str)) == list(table[column].astype(str)), column
-    assert back["runs"].iloc[1] == "distrans-0 distrans-1 distrans-2 fedavg-0 fedavg-1 fedavg-2"
+    assert back["runs"].iloc[1] == " ".join([f"distrans-{s}" for s in range(5)] + [f"fedavg-{s}" for s in range(5)])
     assert json.loads(js.read_text()) == json.loads(table.to_json(orient="records"))
 
 

@@ -249,3 +249,38 @@ def test_a_diverging_run_raises_or_is_recorded_with_where_it_stopped(tiny, tmp_p
     assert run(tiny, cache_dir=tmp_path, progress=False).meta["diverged"] is None
     with pytest.raises(ValueError, match="on_diverge"):
         run(tiny, cache_dir=tmp_path, on_diverge="ignore")
+
+
+def test_a_run_stops_once_its_curve_has_plateaued_and_a_resumed_run_stops_at_the_same_round(tiny, tmp_path):
+    import copy
+
+    from fedlab_core.runs import build
+    from fedlab_core.verdicts import plateaued
+
+    capped = tiny.replace(num_rounds=80, stop_at_plateau=True)
+    h = run(capped, use_cache=False, progress=False, workers=1)
+    stop = h.meta["stopped_at_plateau"]
+    assert stop == len(h.rounds) < 80 and h.rounds[-1]["round"] == stop
+    curve = {r["round"]: r["mean_client_accuracy"] for r in h.rounds}
+    assert plateaued(curve) and not plateaued({k: v for k, v in curve.items() if k < stop})  # the first round it could
+    assert h.final["mean_client_accuracy"] == h.rounds[-1]["mean_client_accuracy"]
+    # stopping changes nothing before the stop, and without the option the run goes on to its cap
+    assert _numbers(h) == _numbers(run(tiny.replace(num_rounds=stop), use_cache=False, progress=False, workers=1))
+    uncapped = run(capped.replace(stop_at_plateau=False, num_rounds=stop + 2), use_cache=False, progress=False)
+    assert len(uncapped.rounds) == stop + 2 and uncapped.meta["stopped_at_plateau"] is None
+    # a run resumed from a mid-run state stops at the same round with the same numbers
+    device = torch.device("cpu")
+    saved = {}
+    build(capped, device).run(on_round_end=lambda s: saved.setdefault(s.next_round - 1, copy.deepcopy(s)))
+    resumed = build(capped, device).run(saved[stop // 2])
+    assert [r["mean_client_accuracy"] for r in resumed.rows] == [r["mean_client_accuracy"] for r in h.rounds]
+
+
+def test_cli_stop_at_plateau_is_a_flag(tmp_path):
+    out = _cli("run", "--dataset", "digits", "--num-clients", "3", "--rounds", "3", "--lr", "0.1",
+               "--stop-at-plateau", "--json", env={"FEDLAB_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["config"]["stop_at_plateau"] is True and doc["meta"]["stopped_at_plateau"] is None  # too few rounds
+    help_text = _cli("run", "--help").stdout
+    assert "--stop-at-plateau, --no-stop-at-plateau" in help_text

@@ -1,143 +1,289 @@
-"""The verdict rule on hand-computed cases: every branch, in the order the rule checks them."""
+"""The verdict rule: hand-computed cases of every branch, its error rates by simulation, the convergence test on
+synthetic curves, and the score taken at convergence."""
 import math
 
+import numpy as np
 import pytest
 
-from fedlab_core import verdicts
 from fedlab_core import RunConfig
+from fedlab_core import verdicts
 from fedlab_core.runs import History
-from fedlab_core.verdicts import Verdicts, beats, converged, number, order, runs_converged, seed_values
+from fedlab_core.verdicts import (BEST_ROUND, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, converged,
+                                  error_rates, number, order, plateau_rise, plateaued, runs_converged, score,
+                                  seed_values)
+
+T4 = 2.7764451051977987   # Student t, 97.5% quantile, 4 degrees of freedom
+T4_LOOKS2 = 3.4954077     # 98.75% quantile (each of two looks at 97.5%)
 
 
-def test_held_when_every_seed_is_on_the_claimed_side():
-    v = order([0.80, 0.82, 0.81], [0.70, 0.75, 0.78], "A beats B")
-    assert v.verdict == "held"
-    assert v.values == pytest.approx((0.10, 0.07, 0.03))
-    assert v.mean == pytest.approx(0.2 / 3)
-    # sample std of (0.10, 0.07, 0.03) is 0.035119..., over sqrt(3)
-    assert v.stderr == pytest.approx(0.0351188458 / math.sqrt(3))
+def test_held_when_the_interval_lies_wholly_on_the_claimed_side():
+    v = order([0.80, 0.82, 0.81, 0.83, 0.79], [0.70, 0.75, 0.78, 0.74, 0.72], "A beats B")
+    d = np.array([0.10, 0.07, 0.03, 0.09, 0.07])
+    se = d.std(ddof=1) / math.sqrt(5)
+    assert v.verdict == "held" and v.label == "held" and v.decided
+    assert v.values == pytest.approx(tuple(d))
+    assert v.mean == pytest.approx(d.mean()) and v.stderr == pytest.approx(se)
+    assert (v.low, v.high) == pytest.approx((d.mean() - T4 * se, d.mean() + T4 * se))
 
 
-def test_partly_held_when_the_mean_is_but_one_seed_is_not():
-    v = order([0.9, 0.9, 0.7], [0.7, 0.7, 0.71])  # d = 0.2, 0.2, -0.01: mean 0.13, se 0.07
-    assert v.verdict == "partly held"
+def test_not_held_reversed_when_the_interval_lies_wholly_on_the_other_side():
+    v = order([0.70, 0.71, 0.69, 0.70, 0.72], [0.75, 0.74, 0.76, 0.77, 0.75])
+    assert v.verdict == "not held" and v.reason == "reversed" and v.label == "not held (reversed)"
 
 
-def test_not_held_when_the_mean_goes_the_other_way():
-    v = order([0.5, 0.6, 0.52], [0.7, 0.61, 0.6])  # d = -0.2, -0.01, -0.08
-    assert v.verdict == "not held"
+def test_not_held_no_difference_when_the_interval_lies_within_the_margin():
+    a = [0.800, 0.801, 0.799, 0.802, 0.800]
+    b = [0.801, 0.800, 0.800, 0.800, 0.801]   # d within +-0.002: interval well inside +-1 point
+    v = order(a, b)
+    assert v.label == "not held (no difference)" and v.margin == verdicts.MARGIN
+    assert -verdicts.MARGIN <= v.low and v.high <= verdicts.MARGIN
+    assert order(a, b, margin=None).label == "inconclusive"        # no margin: never "no difference"
+    assert order(a, b, margin=0.0005).label == "inconclusive"      # the interval pokes out of a tighter margin
 
 
-def test_inconclusive_within_one_standard_error():
-    v = order([0.5, 0.7, 0.52], [0.6, 0.55, 0.56])  # d = -0.1, 0.15, -0.04: mean 0.0033, se 0.075
-    assert v.verdict == "inconclusive"
-    assert order([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]).verdict == "inconclusive"  # no difference at all
+def test_a_certain_gain_smaller_than_the_margin_is_still_held():
+    v = order([0.805, 0.806, 0.804, 0.805, 0.806], [0.800] * 5)  # +0.5 point, interval above zero
+    assert v.label == "held" and v.high < verdicts.MARGIN
 
 
-def test_inconclusive_with_fewer_than_three_seeds_however_large_the_gap():
-    assert order([0.9, 0.9], [0.1, 0.1]).verdict == "inconclusive"
-    assert order([0.9], [0.1]).verdict == "inconclusive"
+def test_inconclusive_when_the_interval_crosses_zero_and_the_margin():
+    v = order([0.5, 0.7, 0.52, 0.66, 0.6], [0.6, 0.55, 0.56, 0.6, 0.62])
+    assert v.low < 0 < v.high and v.label == "inconclusive" and not v.decided
+
+
+def test_fewer_than_five_seeds_never_decide_however_large_the_gap():
+    v = order([0.9, 0.9, 0.91, 0.92], [0.1, 0.1, 0.1, 0.1])
+    assert v.verdict == "inconclusive" and v.reason == "fewer than 5 seeds"
+    assert order([0.9], [0.1]).label == "inconclusive (fewer than 5 seeds)"
+    assert verdicts.MIN_SEEDS == 5
+
+
+def test_runs_that_have_not_converged_never_read_held_or_not_held():
+    big = order([0.9] * 5, [0.5, 0.51, 0.52, 0.5, 0.49], converged=False)
+    assert big.verdict == "inconclusive" and big.label == "inconclusive (not converged)"
+    assert big.low > 0  # the interval alone would have said held
+    both = order([0.9] * 3, [0.5] * 3, converged=False)
+    assert both.label == "inconclusive (not converged; fewer than 5 seeds)"
 
 
 def test_lower_is_better_flips_the_direction():
-    assert order([1.0, 1.1, 0.9], [2.0, 2.1, 2.2], higher=False).verdict == "held"
-    assert order([1.0, 1.1, 0.9], [2.0, 2.1, 2.2]).verdict == "not held"
+    low, high = [1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 2.2, 2.0, 1.9]
+    assert order(low, high, higher=False).verdict == "held"
+    assert order(low, high).label == "not held (reversed)"
 
 
-def test_mappings_pair_by_seed_not_by_position():
-    a = {0: 0.9, 1: 0.5, 2: 0.9}
-    b = {2: 0.8, 1: 0.4, 0: 0.8}
-    assert order(a, b).values == pytest.approx((0.1, 0.1, 0.1))
+def test_mappings_pair_by_seed_and_a_diverged_run_is_inconclusive():
+    a = {0: 0.9, 1: 0.5, 2: 0.9, 3: 0.7, 4: 0.6}
+    b = {4: 0.5, 3: 0.6, 2: 0.8, 1: 0.4, 0: 0.8}
+    assert order(a, b).values == pytest.approx((0.1,) * 5)
     with pytest.raises(ValueError, match="same seeds"):
-        order({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 1: 1.0, 3: 1.0})
+        order({0: 1.0, 1: 1.0}, {0: 1.0, 2: 1.0})
     with pytest.raises(ValueError, match="one value per seed"):
         order([1.0, 2.0, 3.0], [1.0, 2.0])
-    diverged = order([1.0, math.nan, 3.0], [1.0, 2.0, 3.0])
-    assert diverged.verdict == "inconclusive" and diverged.label == "inconclusive (a run diverged)"
-    assert "diverged" in diverged.evidence
+    with pytest.raises(ValueError, match="margin"):
+        order([1.0] * 5, [1.0] * 5, margin=-0.1)
+    diverged = order([1.0, math.nan, 3.0, 1, 1], [1.0, 2.0, 3.0, 1, 1])
+    assert diverged.label == "inconclusive (a run diverged)" and "diverged" in diverged.evidence
+
+
+def test_two_looks_widen_each_interval():
+    a, b = [0.80, 0.82, 0.81, 0.83, 0.79], [0.70, 0.75, 0.78, 0.74, 0.72]
+    one, two = order(a, b), order(a, b, looks=2)
+    assert two.mean == one.mean
+    assert (two.high - two.low) / (one.high - one.low) == pytest.approx(T4_LOOKS2 / T4, rel=1e-6)
+    with pytest.raises(ValueError, match="looks"):
+        order(a, b, looks=0)
 
 
 def test_claimed_number_within_or_below_our_interval_is_reached():
-    ours = [0.90, 0.92, 0.94]  # mean 0.92, se 0.011547, t(0.975, 2) = 4.3027: [0.8703, 0.9697]
+    ours = [0.90, 0.92, 0.94, 0.91, 0.93]  # mean 0.92, se 0.0070711: [0.9004, 0.9396]
     v = number(ours, 0.95)
-    assert (v.low, v.high) == pytest.approx((0.92 - 4.302653 * 0.0115470, 0.92 + 4.302653 * 0.0115470), rel=1e-5)
-    assert v.verdict == "reached"
-    assert number(ours, 0.50).verdict == "reached"      # we did better than claimed
-    assert number(ours, 0.99).verdict == "not reached"  # above our interval
+    se = np.std(ours, ddof=1) / math.sqrt(5)
+    assert (v.low, v.high) == pytest.approx((0.92 - T4 * se, 0.92 + T4 * se))
+    assert v.verdict == "not reached"                       # above our interval
+    assert number(ours, 0.93).verdict == "reached"          # within
+    assert number(ours, 0.50).verdict == "reached"          # we did better than claimed
+    assert number(ours, 0.95, converged=False).label == "inconclusive (not converged)"
+    assert number(ours[:3], 0.5).label == "inconclusive (fewer than 5 seeds)"
 
 
 def test_a_cost_claim_is_reached_when_ours_is_no_lower_than_claimed():
-    ratio = [2.0, 2.2, 2.1]  # interval about [1.85, 2.35]
-    assert number(ratio, 3.0, higher=False).verdict == "reached"      # claimed worse than ours
-    assert number(ratio, 2.0, higher=False).verdict == "reached"      # within
-    assert number(ratio, 1.0, higher=False).verdict == "not reached"  # claimed cheaper than we measured
+    ratio = [2.0, 2.2, 2.1, 2.05, 2.15]
+    assert number(ratio, 3.0, higher=False).verdict == "reached"
+    assert number(ratio, 2.1, higher=False).verdict == "reached"
+    assert number(ratio, 1.0, higher=False).verdict == "not reached"
 
 
-def test_numbers_need_three_seeds_unless_deterministic():
-    assert number([0.9, 0.91], 0.5).verdict == "inconclusive"
+def test_deterministic_numbers_need_no_seeds():
     exact = number([49152], 49152, higher=False, deterministic=True)
     assert exact.verdict == "reached" and exact.low == exact.high == 49152
     assert number([1.07], 2.0, deterministic=True).verdict == "not reached"
 
 
-def test_converged_looks_at_the_last_fifth_of_rounds():
-    flat = [0.1, 0.5, 0.7, 0.75, 0.78, 0.79, 0.795, 0.80, 0.80, 0.805]
-    assert converged(flat)  # rose 0.005 over the last 2 of 10 rounds
-    rising = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9]
-    assert not converged(rising)  # rose 0.1
-    # over seeds, the mean curve decides; rounds without an evaluation are skipped
-    seeds = [[0.5, None, 0.70, None, 0.71], [0.5, None, 0.72, None, 0.72]]
-    assert converged(seeds)
-    assert not converged([[0.5, None, 0.60, None, 0.70], [0.5, None, 0.60, None, 0.70]])
-    assert not converged([0.7])  # one evaluated round cannot show flattening
+def test_a_number_from_another_dataset_is_not_comparable_never_not_reached():
+    v = number([0.80, 0.81, 0.82, 0.80, 0.81], 0.99, "reaches 99%", comparable="an accuracy on CIFAR-10")
+    assert v.verdict == "not comparable" and v.label == "not comparable (an accuracy on CIFAR-10)"
+    assert not v.decided and v.mean == pytest.approx(0.808)
+    with pytest.raises(ValueError, match="comparable"):
+        number([0.8] * 5, 0.99, comparable="")
+    with pytest.raises(ValueError, match="comparable"):
+        number([0.8] * 5, 0.99, comparable=False)
 
 
-def test_not_converged_is_carried_into_the_label():
-    v = order([0.8, 0.8, 0.8], [0.7, 0.7, 0.7], converged=False)
-    assert v.verdict == "held" and v.label == "held (not converged)"
-    assert "not converged" in str(v)
+# ------------------------------------------------------------------------------ error rates
 
+def test_under_no_difference_the_rule_decides_at_most_five_percent_either_way():
+    null = error_rates(0.0)
+    assert sum(null.values()) == pytest.approx(1.0)
+    assert null["held"] <= 0.05 and null["reversed"] <= 0.05
+    assert null["held"] == pytest.approx(0.025, abs=0.005) and null["reversed"] == pytest.approx(0.025, abs=0.005)
+    heavy = error_rates(0.0, noise="heavy")           # runs that now and then land far off
+    assert heavy["held"] <= 0.05 and heavy["reversed"] <= 0.05
+    two = error_rates(0.0, looks=2)                   # adding seeds up to the cap keeps the rate
+    assert two["held"] <= 0.05 and two["reversed"] <= 0.05
+    assert error_rates(0.0, seeds=10)["held"] <= 0.05     # more seeds: the same rate
+
+
+def test_power_against_a_real_difference_of_two_standard_deviations():
+    real = error_rates(2 * verdicts.NOISE_SD)
+    assert real["held"] >= 0.85 and real["reversed"] == 0.0
+    assert error_rates(2 * verdicts.NOISE_SD, looks=2)["held"] > real["held"]   # the second look adds power
+    # a real difference of 3 points is never called "no difference"
+    assert error_rates(0.03, sd=0.002)["no difference"] == 0.0
+
+
+def test_no_difference_is_decided_when_the_noise_is_well_below_the_margin():
+    assert error_rates(0.0, sd=verdicts.MARGIN / 4)["no difference"] > 0.9
+    assert error_rates(0.0, margin=None)["no difference"] == 0.0
+
+
+def test_the_simulation_applies_the_same_decision_as_order():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        d = rng.normal(rng.choice([0.0, 0.01, -0.02]), rng.choice([0.002, 0.01]), 5)
+        label = order(list(d), [0.0] * 5).label
+        low, high = order(list(d), [0.0] * 5).low, order(list(d), [0.0] * 5).high
+        code = int(verdicts._decide(low, high, 1.0, verdicts.MARGIN))
+        assert label == ["held", "not held (reversed)", "not held (no difference)", "inconclusive"][code]
+
+
+def test_the_rule_the_book_prints_carries_the_computed_rates():
+    text = verdicts.rule()
+    null, power = error_rates(0.0), error_rates(2 * verdicts.NOISE_SD)
+    assert f"*held* {100 * null['held']:.1f}%" in text
+    assert f"*not held (reversed)* {100 * null['reversed']:.1f}%" in text
+    assert f"*held* {100 * power['held']:.1f}% of the time (its power)" in text
+    assert f"fewer than {verdicts.MIN_SEEDS} seeds" in text and "±1 accuracy point" in text
+
+
+# ------------------------------------------------------------------------------ the convergence test
+
+def _saturating(rounds, rate=0.2, top=0.85, noise=0.0, seed=0):
+    r = np.arange(1, rounds + 1)
+    return list(top * (1 - np.exp(-rate * r)) + np.random.default_rng(seed).normal(0, noise, rounds))
+
+
+def test_a_saturating_curve_passes_once_it_has_flattened_and_fails_while_it_rises():
+    assert not plateaued(_saturating(10))       # rounds 7-10 still rise by several points
+    assert plateaued(_saturating(40))           # rounds 27-40 rise by < 1 point
+    assert plateau_rise(_saturating(10)) > 0.01 > plateau_rise(_saturating(40)) > 0
+
+
+def test_round_to_round_noise_does_not_fail_a_flat_curve_and_a_noisy_rise_does_not_pass():
+    flat = [0.8 + x for x in np.random.default_rng(0).normal(0, 0.005, 60)]
+    assert plateaued(flat)
+    rising = [0.6 + 0.003 * r + x for r, x in enumerate(np.random.default_rng(0).normal(0, 0.005, 60))]
+    assert not plateaued(rising)                # 0.3 point a round: 6 points over the last third
+    # the old check (last two evaluations of the mean) passed a curve still rising 4 points
+    still_rising = [0.70, 0.74, 0.77, 0.80, 0.801, 0.802, 0.84, 0.86, 0.862, 0.863]
+    assert not plateaued(still_rising)
+
+
+def test_a_falling_curve_has_not_converged_either():
+    assert not plateaued([0.8 - 0.005 * r for r in range(30)])
+
+
+def test_too_few_evaluations_show_nothing_and_unevaluated_rounds_are_skipped():
+    assert not plateaued([0.8, 0.8, 0.8, 0.8, 0.8])
+    assert math.isnan(plateau_rise([0.8] * 5))
+    sparse = {5: 0.60, 10: 0.75, 15: 0.80, 20: 0.81, 25: 0.812, 30: 0.813}   # eval_every = 5
+    assert plateaued(sparse)
+    with_gaps = [None, 0.6, None, 0.75, None, 0.8, None, 0.81, None, 0.812, None, 0.813]
+    assert plateaued(with_gaps) and plateau_rise(with_gaps) == pytest.approx(plateau_rise(sparse))  # rise, not slope
+    assert converged([_saturating(40), _saturating(40, rate=0.3)])
+    assert not converged([_saturating(40), _saturating(10)])   # every seed must pass
+
+
+# ------------------------------------------------------------------------------ scores from runs
+
+def _history(seed, curve, final=None):
+    rounds = [{"round": r + 1, "mean_client_accuracy": v} for r, v in enumerate(curve)]
+    last = [v for v in curve if v is not None][-1] if final is None else final
+    return History(RunConfig(seed=seed).to_dict(), rounds, {"mean_client_accuracy": last}, {})
+
+
+def test_the_score_is_the_mean_of_the_last_fifth_of_evaluated_rounds():
+    h = _history(0, [0.1 * r for r in range(1, 11)])
+    assert score(h) == pytest.approx((0.9 + 1.0) / 2)                 # 10 rounds: the last 2
+    assert score(h, protocol=BEST_ROUND) == pytest.approx(1.0)
+    sparse = _history(0, [None, 0.5, None, 0.7, None, 0.9])            # three evaluations: the last one
+    assert score(sparse) == pytest.approx(0.9)
+    assert math.isnan(score(_history(0, [0.5, 0.6], final=math.nan)))  # diverged
+    with pytest.raises(ValueError, match="protocol"):
+        score(h, protocol="final")
+    assert LAST_FIFTH in verdicts.SCORES
+
+
+def test_runs_are_paired_by_seed_scored_at_convergence_and_must_all_converge():
+    flat = [_history(s, _saturating(40, top=0.85 + 0.01 * s)) for s in (4, 2, 0, 1, 3)]  # any order
+    base = [_history(s, _saturating(40, top=0.80)) for s in range(5)]
+    v = beats(flat, base, "A beats B", paper="+0.05")
+    assert v.verdict == "held" and v.converged and v.score == LAST_FIFTH and v.paper == "+0.05"
+    assert list(seed_values(flat)) == [4, 2, 0, 1, 3]
+    assert v.values == pytest.approx(tuple(seed_values(flat)[s] - seed_values(base)[s] for s in range(5)))
+    short = [_history(s, _saturating(10, top=0.95)) for s in range(5)]
+    assert not runs_converged(short)
+    assert beats(short, base).label == "inconclusive (not converged)"
+    assert beats(flat, base, protocol=BEST_ROUND).score == BEST_ROUND
+    with pytest.raises(ValueError, match="one seed each"):
+        seed_values([_history(0, [0.5]), _history(0, [0.6])])
+
+
+def test_ahead_over_rounds_judges_the_mean_lead_not_the_smallest():
+    base = [_history(s, _saturating(30, top=0.80, noise=0.002, seed=s)) for s in range(5)]
+    ahead = [_history(s, [x + 0.03 for x in _saturating(30, top=0.80, noise=0.002, seed=s)]) for s in range(5)]
+    v = ahead_over_rounds(ahead, base, "ahead")
+    assert v.verdict == "held" and v.values == pytest.approx((0.03,) * 5)
+    dip = [_history(s, [x + (0.03 if r != 5 else -0.05) for r, x in
+                        enumerate(_saturating(30, top=0.80, noise=0.002, seed=s))]) for s in range(5)]
+    assert ahead_over_rounds(dip, base).verdict == "held"   # one bad round does not decide it
+    early = [_history(s, _saturating(8)) for s in range(5)]
+    assert ahead_over_rounds(early, early).label == "inconclusive (not converged)"
+
+
+# ------------------------------------------------------------------------------ a chapter's verdicts
 
 def test_chapter_tally_and_table():
     book = Verdicts()
-    book.add(order([0.8, 0.81, 0.82], [0.7, 0.7, 0.7], "A beats B"))
+    book.add(order([0.8, 0.81, 0.82, 0.8, 0.81], [0.7] * 5, "A beats B"))
     book.add(order([0.8, 0.81], [0.7, 0.7], "A beats C"))
-    book.add(number([0.9, 0.92, 0.94], 0.99, "99%"))
-    assert book.count() == 3 and book.count("held") == 1
-    assert book.summary() == "3 verdicts: 1 held, 1 inconclusive, 1 not reached"
+    book.add(number([0.9] * 5, 0.99, "99%", comparable="another dataset"))
+    book.add(order([0.8] * 5, [0.7] * 5, "A beats D", converged=False))
+    assert book.count() == 4 and book.count("held") == 1 and book.count("inconclusive") == 2
+    assert book.count("inconclusive (not converged)") == 1
+    assert book.summary() == ("4 verdicts: 1 held, 1 inconclusive (not converged), 1 inconclusive (fewer than 5 "
+                              "seeds), 1 not comparable")
     table = book.table()
-    assert list(table["verdict"]) == ["held", "inconclusive", "not reached"]
+    assert list(table["verdict"]) == ["held", "inconclusive (fewer than 5 seeds)", "not comparable (another dataset)",
+                                      "inconclusive (not converged)"]
     assert table["ours"][2].endswith("claimed 0.99")
-
-
-def test_the_rule_the_book_prints_names_the_thresholds():
-    assert f"fewer than {verdicts.MIN_SEEDS} seeds" in verdicts.RULE
-    assert "one standard error" in verdicts.RULE and "95% interval" in verdicts.RULE
-
-
-def _history(seed, curve):
-    rounds = [{"round": r + 1, "mean_client_accuracy": v} for r, v in enumerate(curve)]
-    return History(RunConfig(seed=seed).to_dict(), rounds, {"mean_client_accuracy": curve[-1]}, {})
-
-
-def test_runs_are_paired_by_their_seed_and_judged_on_their_final_value_and_curves():
-    a = [_history(s, [0.5, 0.7, 0.8 + 0.01 * s]) for s in (2, 0, 1)]  # any order
-    b = [_history(s, [0.5, 0.6, 0.7]) for s in (0, 1, 2)]
-    assert seed_values(a) == pytest.approx({0: 0.80, 1: 0.81, 2: 0.82})
-    v = beats(a, b, "A beats B", paper="+0.05")
-    assert v.verdict == "held" and v.values == pytest.approx((0.10, 0.11, 0.12)) and v.paper == "+0.05"
-    assert not v.converged and v.label == "held (not converged)"  # a rose 0.1 over its last round of three
-    flat = [_history(s, [0.5, 0.795, 0.8]) for s in (0, 1, 2)]
-    assert runs_converged(flat) and beats(flat, b).converged is False  # b still rose 0.1
-    with pytest.raises(ValueError, match="one seed each"):
-        seed_values([_history(0, [0.5]), _history(0, [0.6])])
 
 
 def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
     import matplotlib
     matplotlib.use("Agg")
-    a = [_history(s, [0.5, 0.7, 0.8 + 0.01 * s]) for s in (0, 1, 2)]
-    b = [_history(s, [0.4, 0.6, 0.7]) for s in (0, 1, 2)]
+    a = [_history(s, [0.5, 0.7, 0.8 + 0.01 * s]) for s in range(3)]
+    b = [_history(s, [0.4, 0.6, 0.7]) for s in range(3)]
     book = Verdicts()
     assert book.curves() is None                       # nothing judged yet
     book.add(order([0.8, 0.81, 0.82], [0.7, 0.7, 0.7], "numbers only"))  # no runs: no panel
@@ -150,21 +296,3 @@ def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
     solid, dashed = panels[0].get_lines()
     assert list(solid.get_xdata()) == [1, 2, 3] and solid.get_ydata() == pytest.approx([0.5, 0.7, 0.81])
     assert dashed.get_ydata() == pytest.approx([0.4, 0.6, 0.7]) and dashed.get_linestyle() == "--"
-
-
-def test_ahead_throughout_judges_the_smallest_lead_over_the_rounds():
-    from fedlab_core.runs import History
-
-    def run(seed, curve):
-        rounds = [{"round": r, "mean_client_accuracy": a} for r, a in enumerate(curve, 1)]
-        return History(config={"seed": seed}, rounds=rounds, final={"mean_client_accuracy": curve[-1]}, meta={})
-
-    base = [run(s, [0.5, 0.6, 0.7]) for s in range(3)]
-    always = [run(s, [0.55, 0.62, 0.75 + 0.01 * s]) for s in range(3)]
-    v = verdicts.ahead_throughout(always, base, "ahead")
-    assert v.verdict == "held" and v.values == pytest.approx((0.02, 0.02, 0.02))
-    behind_once = [run(s, [0.45, 0.7, 0.8]) for s in range(3)]            # ahead at the end, behind in round 1
-    v = verdicts.ahead_throughout(behind_once, base, "ahead")
-    assert v.verdict == "not held" and v.values == pytest.approx((-0.05,) * 3)
-    unevaluated = [run(s, [None, 0.61, 0.71]) for s in range(3)]         # rounds one side skipped do not count
-    assert verdicts.ahead_throughout(unevaluated, base).values == pytest.approx((0.01,) * 3)

@@ -53,6 +53,7 @@ CASES = {
     "weight_decay": ({}, 0.01, {"algorithm"}),
     "train_transform": ({}, "flip_rotate", {"algorithm"}),
     "eval_every": ({}, 2, {"schedule"}),
+    "stop_at_plateau": ({"num_rounds": 60}, True, {"schedule"}),   # the tiny run plateaus before round 60
     "seed": ({}, 1, {"data", "model", "schedule"}),
 }
 
@@ -88,7 +89,8 @@ def parts(config: RunConfig) -> dict[str, str]:
             "model": repr(sim.model) + _digest(*sim.model.state_dict().values()),
             "algorithm": _settings(sim.algorithm),
             "augment": _settings(sim.augment),
-            "schedule": repr((sim.num_rounds, sim.fraction, sim.clients_per_round, sim.eval_every, sim.seed))}
+            "schedule": repr((sim.num_rounds, sim.fraction, sim.clients_per_round, sim.eval_every, sim.seed,
+                              sim.stop_at_plateau))}
 
 
 def _numbers(history):
@@ -117,6 +119,8 @@ def _cli_args(config: RunConfig) -> list[str]:
         value = getattr(config, f.name)
         if f.name in cli.MAPPINGS:
             args += [x for k, v in value.items() for x in (cli.MAPPINGS[f.name], f"{k}={json.dumps(v)}")]
+        elif isinstance(value, bool):
+            args += [f"--{'' if value else 'no-'}{f.name.replace('_', '-')}"]
         elif value is not None:
             args += [f"--{f.name.replace('_', '-')}", str(value)]
     return args
