@@ -14,7 +14,7 @@ MATHJAX := book/_offline/mathjax
 # apt-get runs directly as root, through sudo otherwise (when sudo works without a password)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: env data browser mathjax book labs test bench lab clean
+.PHONY: env data browser mathjax book labs test verify bench lab clean
 
 env: $(STAMP)  ## the virtual environment with the package installed in editable mode
 
@@ -60,6 +60,9 @@ labs: env  ## the labs' student (labs/release) and solution (labs/solution) sets
 
 test: env data browser mathjax  ## the whole test suite, from scratch
 	MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$(mktemp -d) $(PY) -m pytest -q
+
+verify: env data  ## the archive against the code: first rounds of one run per method/data/model/split (ALL=1: every run in full)
+	$(PY) -m fedlab_core.book --verify $(if $(ALL),--all)
 
 bench: env data  ## speed measurements (ratios, not tests)
 	$(PY) benchmarks/throughput.py

@@ -24,7 +24,8 @@ import typing
 from typing import Any, Callable, Mapping
 
 from .params import OneOf
-from .runs import FIELD_CONSTRAINTS, RunConfig, _finite
+from .runs import FIELD_CONSTRAINTS, RunConfig
+from .store import _finite
 
 ALIASES = {"num_rounds": ["--rounds"], "partition": ["--scheme"]}
 MAPPINGS = {"algorithm_params": "--algorithm-param", "augment_params": "--augment-param",

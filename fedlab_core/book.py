@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import nbformat
 import yaml
 
-from .runs import code_version
+from .store import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE_NAMES = ("smoke", "book", "paper")
@@ -209,7 +209,10 @@ def write_labs(book: Path) -> list[Path]:
 
 def build(profile: str = "book", book: Path = ROOT / "book", notebooks: Path = ROOT / "notebooks",
           config: Path = ROOT / "_config.yml", force: bool | Iterable[str] = False) -> Path:
-    """Execute the notebooks, write the status page and the labs, and build the HTML."""
+    """Execute the notebooks, write the status page and the labs, and build the HTML. With the ``book``
+    profile, every run the chapters compute (or find in the cache) is added to the archive."""
+    if profile == "book":
+        os.environ["FEDLAB_ARCHIVE"] = "write"   # the chapters' kernels and their sweeps' processes inherit it
     chapters = book / "chapters"
     execute(profile, notebooks, chapters, book / "_toc.yml", force=force)
     write_status(chapters, book / "_toc.yml")
@@ -224,13 +227,42 @@ def stage(destination: Path) -> Path:
     return destination / "book"
 
 
+def verify_archive(every: bool = False, rounds: int = 2) -> int:
+    """Re-run the archived runs (:func:`fedlab_core.store.verify`): the first `rounds` rounds of one run per
+    distinct method, augmentation, dataset, model and partition scheme, or with `every` each run in full
+    (resumable: finished checks are kept in the cache folder). Prints one line per run; returns 1 when a run's
+    numbers differ on the kind of CPU that computed it, else 0."""
+    from .runs import rerun
+    from .store import Archive, default_cache_dir, verify
+
+    archive = Archive()
+    journal = default_cache_dir() / f"verified-{code_version()}.jsonl" if every else None
+    checks = verify(rerun, archive, rounds=None if every else rounds, every=every, journal=journal)
+    for check in checks:
+        print(f"[verify] {check}", flush=True)
+    failed = [c for c in checks if not c.ok]
+    print(f"[verify] {len(checks)} archived runs re-run ({'in full' if every else f'first {rounds} rounds'}) of "
+          f"{sum(1 for _ in archive.entries())} in {archive.folder}: "
+          + (f"{len(failed)} differ: {', '.join(c.key for c in failed)}" if failed else "all bit-identical"
+             if all(c.first_difference is None for c in checks) else "differences only where the CPU differs"))
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fedlab_core.book", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="book", choices=PROFILE_NAMES)
+    parser.add_argument("--verify", action="store_true",
+                        help="re-run the first rounds of one archived run per method, data, model and split and "
+                             "compare them bit for bit with the stored numbers (builds nothing)")
+    parser.add_argument("--all", action="store_true", help="with --verify: every archived run, in full (resumable)")
     parser.add_argument("--force", action="store_true", help="re-execute every notebook")
     parser.add_argument("--chapters", nargs="+", default=(), metavar="STEM",
                         help="re-execute these chapters (the others only when changed)")
     args = parser.parse_args(argv)
+    if args.all and not args.verify:
+        parser.error("--all: goes with --verify")
+    if args.verify:
+        return verify_archive(every=args.all)
     stems = toc_chapters(ROOT / "book" / "_toc.yml")
     unknown = sorted(set(args.chapters) - set(stems))
     if unknown:

@@ -221,8 +221,9 @@ class Simulation:
             torch.cuda.manual_seed(seed)
 
     def run(self, state: SimulationState | None = None,
-            on_round_end: Callable[[SimulationState], None] | None = None) -> SimulationState:
-        """Run the remaining rounds; `on_round_end(state)` is called after each (checkpointing).
+            on_round_end: Callable[[SimulationState], None] | None = None, until: int | None = None) -> SimulationState:
+        """Run the remaining rounds; `on_round_end(state)` is called after each (checkpointing). `until`: stop
+        after that round (the first rounds of the same run, e.g. to verify a stored run).
 
         With ``workers`` > 1 the worker pool is forked once the set-up is done and closed when the rounds
         end (or fail).
@@ -234,7 +235,7 @@ class Simulation:
         with bar, (WorkerPool(self, workers) if workers > 1 else contextlib.nullcontext()) as pool:
             self.pool = pool
             try:
-                self._rounds(state, bar, on_round_end)
+                self._rounds(state, bar, on_round_end, self.num_rounds if until is None else min(until, self.num_rounds))
             finally:
                 self.pool = None
         return state
@@ -244,8 +245,8 @@ class Simulation:
         It reads only the log, so a run resumed from a checkpoint stops at the same round."""
         return self.stop_at_plateau and plateaued({r["round"]: r["mean_client_accuracy"] for r in state.rows})
 
-    def _rounds(self, state: SimulationState, bar, on_round_end) -> None:
-        while state.next_round <= self.num_rounds and not self.plateaued(state):
+    def _rounds(self, state: SimulationState, bar, on_round_end, last: int) -> None:
+        while state.next_round <= last and not self.plateaued(state):
             row = self.run_round(state)
             if row["mean_client_accuracy"] is not None:  # an evaluated round
                 shown = row["global_accuracy"] if not math.isnan(row["global_accuracy"]) else row["mean_client_accuracy"]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .runs import History
+    from .store import History
     from .verdicts import Verdicts
 
 RESULTS_DIR = Path("results")
@@ -171,7 +171,7 @@ def record(found: "Verdicts", chapter: str, section: str = "", deviations: str =
     """
     if chapter not in CHAPTER_PAPER:
         raise ValueError(f"chapter: unknown value {chapter!r}; allowed: {', '.join(CHAPTER_PAPER)}")
-    from .runs import _atomic_write, code_version
+    from .store import _atomic_write, code_version
 
     rows = []
     for i, v in enumerate(found.items, 1):

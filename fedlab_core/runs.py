@@ -1,33 +1,24 @@
-"""Runs: a frozen config, `run(config) -> History`, the result cache, checkpoints and sweeps.
+"""Runs: a frozen config and `run(config) -> History`.
 
-A run is a pure function of its :class:`RunConfig` (seed included). Finished runs are cached as JSON,
-keyed by a hash of the config, the device type and the library's code version, so a notebook re-run
-reuses them. Checkpoints are written every few rounds; a killed run started again resumes from its
-last checkpoint and ends with exactly the numbers of an uninterrupted run.
+A run is a pure function of its :class:`RunConfig` (seed included). :func:`run` reads a run the archive holds,
+else the cache (:mod:`fedlab_core.store`), else computes it, writing checkpoints every few rounds: a killed
+run started again resumes from its last checkpoint and ends with exactly the numbers of an uninterrupted run.
+Sweeps of many runs are in :mod:`fedlab_core.sweeps`.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import hashlib
-import json
 import logging
 import math
-import os
-import pickle
-import sys
-import tempfile
 import time
 import typing
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 
-from . import __version__
 from .algorithms import ALGORITHMS, NonFiniteLossError, Training
 from .augment import AUGMENTS
 from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset
@@ -37,11 +28,10 @@ from .engine import INIT, Simulation, SimulationState, derive_seed
 from .models import MODELS, build_model, meta_model
 from .parallel import available_cores
 from .params import OneOf, Range, check_value
+from .store import (Archive, History, _atomic_write, _read_result, _read_state, _write_state, cache_key, code_version,
+                    cpu_model, default_cache_dir, library_versions)
 
 log = logging.getLogger("fedlab_core")
-
-if TYPE_CHECKING:  # pandas loads when a table is first asked for
-    import pandas as pd
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -210,74 +200,6 @@ def _check_model(c: RunConfig) -> None:
             raise ValueError(f"model: {name!r} cannot be used here: {err}") from None
 
 
-# ---------------------------------------------------------------------------------------- results
-
-@dataclass
-class History:
-    """The outcome of a run: its config, one log row per round, final metrics and metadata."""
-
-    config: dict[str, Any]
-    rounds: list[dict[str, Any]]
-    final: dict[str, Any]
-    meta: dict[str, Any]
-
-    def frame(self) -> pd.DataFrame:
-        """One row per round: accuracy, loss, bytes up/down, seconds (per-client lists left out)."""
-        import pandas as pd
-
-        rows = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in self.rounds]
-        df = pd.DataFrame(rows)
-        for key in ("algorithm", "augment", "partition", "seed"):
-            df[key] = self.config[key]
-        return df
-
-    def to_json(self) -> str:
-        return json.dumps(_finite(dataclasses.asdict(self)), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "History":
-        return cls(**json.loads(text))
-
-
-def _finite(obj: Any) -> Any:
-    """NaN and infinities become None, so the JSON is standard."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def code_version() -> str:
-    """The library version plus a digest of its source files: any code change invalidates the cache."""
-    digest = hashlib.sha256(__version__.encode())
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        digest.update(path.read_bytes())
-    return f"{__version__}+{digest.hexdigest()[:12]}"
-
-
-# the libraries whose versions can move a number in the book
-NUMERIC_LIBRARIES = ("torch", "torchvision", "numpy", "scipy", "POT", "scikit-learn", "umap-learn", "pynndescent",
-                     "numba")
-
-
-@functools.lru_cache(maxsize=1)
-def library_versions() -> dict[str, str]:
-    """Python's and :data:`NUMERIC_LIBRARIES`' installed versions ("absent" for one not installed); torch's
-    as it reports itself, with its build (e.g. "+cpu")."""
-    from importlib import metadata
-
-    out = {"python": sys.version.split()[0]}
-    for name in NUMERIC_LIBRARIES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "absent"
-    return {**out, "torch": torch.__version__}
-
-
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """The torch device a run uses: "auto" is CUDA when PyTorch sees a GPU, else the CPU.
 
@@ -302,108 +224,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     elif d.type != "cpu":
         raise ValueError(f"device: {str(device)!r} is not supported; use auto, cpu, cuda or cuda:N")
     return d
-
-
-def cache_key(config: RunConfig, device: torch.device) -> str:
-    """The run's name in the cache: a hash of its config, the device type, the library's code version and
-    the PyTorch version (which shapes the numbers too)."""
-    payload = json.dumps({"config": config.to_dict(), "device": device.type, "code": code_version(),
-                          "torch": torch.__version__}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:20]
-
-
-def default_cache_dir() -> Path:
-    """$FEDLAB_CACHE_DIR, else `.fedlab_cache/` in the source checkout, else ~/.cache/fedlab_core/runs."""
-    if os.environ.get("FEDLAB_CACHE_DIR"):
-        return Path(os.environ["FEDLAB_CACHE_DIR"]).expanduser()
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").exists():
-        return checkout / ".fedlab_cache"
-    return Path.home() / ".cache" / "fedlab_core" / "runs"
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temporary file in the same folder and rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-# ---------------------------------------------------------------------------------------- the cache's files
-
-def _set_aside(path: Path, reason: str, tag: str = "damaged") -> Path:
-    """Rename a cache file that cannot be used to ``<name>.<tag>`` (never deleted: it may be evidence),
-    and say so in one line."""
-    target = path.with_name(f"{path.name}.{tag}")
-    n = 1
-    while target.exists():
-        target, n = path.with_name(f"{path.name}.{tag}.{n}"), n + 1
-    os.replace(path, target)
-    log.warning("%s %s; moved to %s, and the run is computed again", path, reason, target.name)
-    return target
-
-
-def _plain(obj: Any) -> Any:
-    """`obj` as it reads back from JSON (tuples become lists, NaN becomes None)."""
-    return json.loads(json.dumps(_finite(obj), default=str))
-
-
-def _read_result(path: Path, config: RunConfig, key: str) -> History | None:
-    """The cached result at `path`, or None when there is none; one that is damaged or belongs to another
-    config is set aside."""
-    if not path.exists():
-        return None
-    try:
-        history = History.from_json(path.read_text())
-        if history.meta.get("key") != key or history.config != _plain(config.to_dict()):
-            raise ValueError("it holds another run's result")
-    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as err:
-        _set_aside(path, f"is not a readable result of this run ({_first_line(err)})")
-        return None
-    return history
-
-
-def _read_state(path: Path, key: str, device: torch.device) -> SimulationState | None:
-    """The simulation state saved at `path` (a checkpoint or a kept final state), or None when there is
-    none. It is read as data only (tensors, numbers, strings, lists and dicts; no code runs): a file
-    holding anything else is refused and set aside, and so is a damaged one or another run's."""
-    if not path.exists():
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about the pickle protocol of foreign files
-            saved = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError:
-        _set_aside(path, "holds objects other than tensors and plain values, so it was not loaded "
-                         "(a crafted or foreign file)", tag="refused")
-        return None
-    except Exception as err:  # truncated, empty, not a torch file: what torch raises varies
-        _set_aside(path, f"cannot be read ({_first_line(err)})")
-        return None
-    try:
-        if not isinstance(saved, dict) or saved.get("key") != key:
-            raise ValueError("it holds another run's state")
-        return SimulationState(**saved["state"])
-    except (ValueError, TypeError, KeyError) as err:
-        _set_aside(path, f"is not a state of this run ({_first_line(err)})")
-        return None
-
-
-def _write_state(path: Path, key: str, state: SimulationState) -> None:
-    _atomic_write(path, lambda f: torch.save({"key": key, "state": dataclasses.asdict(state)}, f))
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else "") or type(err).__name__
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -489,13 +309,40 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     key = cache_key(config, device)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     result_path, ckpt_path, final_path = folder / f"{key}.json", folder / f"{key}.ckpt", folder / f"{key}.final"
-    if use_cache and (final_path.exists() or not keep_state):
-        cached = _read_result(result_path, config, key)
-        if cached is not None:
-            return cached
+    kept = final_path if keep_state else None
+    if use_cache:
+        archived = Archive().get(config, device, with_state=keep_state)
+        if archived is not None:
+            return archived
+        if final_path.exists() or not keep_state:
+            cached = _read_result(result_path, config, key)
+            if cached is not None:
+                _to_archive(cached, config, device, kept, key)
+                return cached
     with one_thread():
-        return _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
-                    progress, keep_state, on_diverge)
+        history = _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
+                       progress, keep_state, on_diverge)
+    if use_cache:
+        _to_archive(history, config, device, kept, key)
+    return history
+
+
+def _to_archive(history: History, config: RunConfig, device: torch.device, final_path: Path | None, key: str) -> None:
+    """Add a finished run (with its final state when it was kept) to the archive, when writing to it is on."""
+    if Archive.writing():
+        state = _read_state(final_path, key, device) if final_path is not None else None
+        Archive().add(history, config, device, state)
+
+
+def rerun(history: History, rounds: int | None = None) -> list[dict[str, Any]]:
+    """The per-round rows of a stored run computed again from its config, for its first `rounds` rounds (None:
+    all of them), with nothing read from or written to the cache or the archive: what
+    :func:`fedlab_core.store.verify` compares with the stored rows."""
+    config = RunConfig(**history.config)
+    device = resolve_device(history.meta.get("device", "cpu"))
+    with one_thread():
+        state = build(config, device, progress=False, workers=resolve_workers(None, device)).run(until=rounds)
+    return state.rows
 
 
 def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every, progress,
@@ -545,7 +392,7 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "resumed_from_round": resumed_from, "diverged": diverged,
               "stopped_at_plateau": rows[-1]["round"] if diverged is None and rows and sim.plateaued(state) else None,
               "data_checksum": fed.data_checksum, "split_hash": fed.split_hash(), "threads": torch.get_num_threads(),
-              "versions": library_versions()},
+              "versions": library_versions(), "cpu": cpu_model()},
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
     if use_cache:
@@ -560,10 +407,15 @@ def trained(config: RunConfig, *, cache_dir: str | Path | None = None, device: s
             progress: bool | None = None) -> tuple[Simulation, SimulationState]:
     """The run's simulation and final state, ready to look inside the trained models.
 
-    The run comes from the cache when its final state was kept (and reads back), and is run (and kept)
-    otherwise.
+    The run comes from the archive when it holds the run's final state, else from the cache when its final
+    state was kept (and reads back), and is run (and kept) otherwise.
     """
     device = resolve_device(device)
+    archive = Archive()
+    if archive.get(config, device, with_state=True) is not None and (state := archive.state(config, device)):
+        sim = build(config, device, progress)
+        sim.resume_state(state)
+        return sim, state
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final_path = folder / f"{cache_key(config, device)}.final"
     for _ in range(2):  # a damaged final state is set aside by _read_state, so the second pass runs it again
@@ -596,121 +448,3 @@ def client_features(sim: Simulation, state: SimulationState, per_client: int = 0
         ys.append(y.cpu())
         cs.append(torch.full_like(y.cpu(), cid))
     return torch.cat(zs), torch.cat(ys), torch.cat(cs)
-
-
-def grid(base: RunConfig, axes: Mapping[str, Mapping[str, Mapping[str, Any]]], seeds: Iterable[int]
-         ) -> dict[Any, list[RunConfig]]:
-    """Configs for every combination of labelled changes, one per seed.
-
-    ``axes`` maps an axis name to ``{label: changes to the config}``; the result maps the tuple of labels
-    (a single label when there is one axis) to the configs of every seed. Later axes win on conflicts.
-    """
-    import itertools
-
-    seeds = list(seeds)
-    out: dict[Any, list[RunConfig]] = {}
-    for combo in itertools.product(*(list(axis.items()) for axis in axes.values())):
-        changes: dict[str, Any] = {}
-        for _, change in combo:
-            changes.update(change)
-        label = tuple(name for name, _ in combo)
-        out[label if len(label) > 1 else label[0]] = [base.replace(seed=s, **changes) for s in seeds]
-    return out
-
-
-def sweep_groups(groups: Mapping[Any, list[RunConfig]], **sweep_kwargs) -> dict[Any, list[History]]:
-    """:func:`sweep` over every config of every group; the histories come back grouped the same way."""
-    results = iter(sweep([c for configs in groups.values() for c in configs], **sweep_kwargs))
-    return {key: [next(results) for _ in configs] for key, configs in groups.items()}
-
-
-def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=None, columns=None) -> pd.DataFrame:
-    """A :func:`summarize` frame keyed by (row, column) labels as a table of ``"mean ± std"`` strings.
-
-    A cell without a number says why: "no global model" (global accuracy of a method that has none) or
-    "diverged" (a run that stopped on a non-finite loss)."""
-    text = summary[metric].map("{:.3f}".format) + " ± " + summary[f"{metric}_std"].map("{:.3f}".format)
-    missing = summary[metric].isna()
-    why = summary["global_model"].map({True: "diverged", False: "no global model"}) if metric.startswith("global") \
-        else summary["global_model"].map(lambda _: "diverged")
-    text[missing] = why[missing]
-    return text.unstack().reindex(index=rows, columns=columns).fillna("—")  # —: not run in this setting
-
-
-def group_frames(groups: Mapping[str, list[History]]) -> dict[str, pd.DataFrame]:
-    """``{label: one frame of every seed's rounds}``, the form the plotting helpers take."""
-    import pandas as pd
-
-    return {label: pd.concat([h.frame() for h in runs], ignore_index=True) for label, runs in groups.items()}
-
-
-def per_round_mean(runs: Iterable[History], column: str) -> float:
-    """The mean of a per-round log column (``bytes_up``, ``train_seconds``, ...) over every round of the runs."""
-    import numpy as np
-
-    return float(np.mean([r[column] for h in runs for r in h.rounds]))
-
-
-def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
-    """Final metrics per label over its seeds: mean, std (population), min and max, and the seed count.
-
-    Columns: ``global_accuracy`` (mean/std/min/max; NaN for a method without a global model),
-    ``mean_client_accuracy`` (mean/std), ``worst_client_accuracy`` (mean of each run's lowest client
-    accuracy), ``dh``, ``global_model`` (whether the method has one), ``seeds``.
-    """
-    import numpy as np
-
-    rows = {}
-    for label, runs in groups.items():
-        acc = np.array([h.final["global_accuracy"] for h in runs], dtype=float)
-        client = np.array([h.final["mean_client_accuracy"] for h in runs], dtype=float)
-        clients = [np.array(h.final["client_accuracy"], dtype=float) for h in runs]
-        worst = [np.nanmin(a) if not np.isnan(a).all() else np.nan for a in clients]  # all NaN: diverged
-        rows[label] = {"global_accuracy": acc.mean(), "global_accuracy_std": acc.std(),
-                       "global_accuracy_min": acc.min(), "global_accuracy_max": acc.max(),
-                       "mean_client_accuracy": client.mean(), "mean_client_accuracy_std": client.std(),
-                       "worst_client_accuracy": float(np.mean(worst)), "dh": runs[0].meta["dh"],
-                       "global_model": runs[0].meta["global_model"], "seeds": len(runs)}
-    import pandas as pd
-
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-# ---------------------------------------------------------------------------------------- sweeps
-
-def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:
-    torch.set_num_threads(1)
-    return run(config, **kwargs, workers=1)  # a sweep's parallelism is its runs side by side: no nested pools
-
-
-def sweep(configs: Iterable[RunConfig], backend: str = "local", max_workers: int | None = None,
-          **run_kwargs) -> list[History]:
-    """Run many configs in parallel; results come back in the order given.
-
-    backend : "local" (a process pool, one torch thread per worker, `max_workers` defaulting to the
-        number of cores) or "ray" (tasks of one CPU each on the cluster at $RAY_ADDRESS, or a local
-        Ray instance when none is set).
-    run_kwargs : passed to :func:`run` (cache_dir, device, ...). Cached results are not re-run. A run
-        that diverges is recorded with NaN metrics (``on_diverge="record"``) unless told otherwise.
-    """
-    configs = list(configs)
-    if "workers" in run_kwargs:
-        raise ValueError("workers: a sweep runs its configs side by side, one process each, and each run in its "
-                         "process; give max_workers for the number of runs at a time")
-    if backend not in ("local", "ray"):
-        raise ValueError(f"backend: unknown value {backend!r}; allowed: local, ray")
-    run_kwargs.setdefault("progress", False)
-    run_kwargs.setdefault("on_diverge", "record")  # one diverging run must not sink the sweep
-    if backend == "ray":
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
-        task = ray.remote(num_cpus=1)(_run_one_thread)
-        return ray.get([task.remote(c, run_kwargs) for c in configs])
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    workers = max_workers or os.cpu_count() or 1
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(_run_one_thread, configs, [run_kwargs] * len(configs)))

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .algorithms import ALGORITHMS, Training
-from .runs import RunConfig, sweep
+from .runs import RunConfig
+from .sweeps import sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,7 +107,7 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     methods : label -> the config changes that make the method (``{"algorithm": "fedprox"}``).
     rounds : rounds of every candidate run (fewer than the chapters').
     seed, grid, validation, metric : see the module docstring.
-    sweep_kwargs : for :func:`~fedlab_core.runs.sweep` (``max_workers``, ``cache_dir``...).
+    sweep_kwargs : for :func:`~fedlab_core.sweeps.sweep` (``max_workers``, ``cache_dir``...).
     """
     import pandas as pd
 
@@ -149,7 +150,7 @@ def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda k
 
     Parameters
     ----------
-    configs : key -> a config, or a list of configs (e.g. one per seed, as :func:`~fedlab_core.runs.grid`
+    configs : key -> a config, or a list of configs (e.g. one per seed, as :func:`~fedlab_core.sweeps.grid`
         makes them); ``method_of(key)`` names the method in ``tuning.chosen`` (a method that was not tuned
         keeps its paper rates).
 

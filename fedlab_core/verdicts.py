@@ -49,7 +49,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .runs import History
+    from .store import History
 
 MIN_SEEDS = 5            # a decision stands on at least this many seeds
 SEED_CAP = 10            # the most seeds a chapter may add to an undecided claim (a second look)

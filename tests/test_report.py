@@ -6,7 +6,8 @@ import pytest
 
 from fedlab_core import book, report, verdicts
 from fedlab_core.report import BEYOND, Entry
-from fedlab_core.runs import History, run
+from fedlab_core.runs import run
+from fedlab_core.store import History
 
 
 def history(seed, acc, algorithm="fedavg"):

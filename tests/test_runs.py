@@ -13,7 +13,7 @@ import torch
 
 from fedlab_core import RunConfig, run, sweep
 from fedlab_core import runs as runs_module
-from fedlab_core.runs import summarize
+from fedlab_core.sweeps import summarize
 import numpy as np
 from fedlab_core.data import DATASETS, load_dataset
 
@@ -79,11 +79,14 @@ def test_cache_returns_the_stored_result_without_rerunning(tiny, tmp_path, monke
 def test_cache_key_changes_with_config_and_code(tiny, monkeypatch):
     import torch
     cpu = torch.device("cpu")
-    key = runs_module.cache_key(tiny, cpu)
-    assert key == runs_module.cache_key(RunConfig(**tiny.to_dict()), cpu)
-    assert key != runs_module.cache_key(tiny.replace(lr=0.2), cpu)
-    monkeypatch.setattr(runs_module, "code_version", lambda: "other")
-    assert key != runs_module.cache_key(tiny, cpu)
+    from fedlab_core import store
+    key = store.cache_key(tiny, cpu)
+    assert key == store.cache_key(RunConfig(**tiny.to_dict()), cpu)
+    assert key != store.cache_key(tiny.replace(lr=0.2), cpu)
+    archived = store.archive_key(tiny, cpu)
+    monkeypatch.setattr(store, "code_version", lambda: "other")
+    assert key != store.cache_key(tiny, cpu)
+    assert store.archive_key(tiny, cpu) == archived          # the archive's key does not depend on the code
 
 
 def test_history_frame_and_json_round_trip(tiny):

@@ -7,7 +7,7 @@ import pytest
 
 from fedlab_core import RunConfig
 from fedlab_core import verdicts
-from fedlab_core.runs import History
+from fedlab_core.store import History
 from fedlab_core.verdicts import (BEST_ROUND, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, converged,
                                   error_rates, number, order, plateau_rise, plateaued, runs_converged, score,
                                   seed_values)

@@ -16,7 +16,8 @@ import torch
 from fedlab_core import RunConfig, run
 from fedlab_core import __main__ as cli
 from fedlab_core.algorithms import ALGORITHMS, Training
-from fedlab_core.runs import build, cache_key
+from fedlab_core.runs import build
+from fedlab_core.store import cache_key
 
 CPU = torch.device("cpu")
 BASE = RunConfig(dataset="digits", model="mlp", num_clients=4, num_rounds=2, lr=0.1, local_epochs=1, batch_size=32,

@@ -1,0 +1,107 @@
+"""The archive of the book's runs: written only when asked, read before the cache, keyed without the code's
+digest, verified bit for bit against the current code, and a hand-edited number caught by run and round."""
+import json
+
+import pytest
+import torch
+
+from fedlab_core import runs as runs_module
+from fedlab_core import store
+from fedlab_core.runs import rerun, run, trained
+from fedlab_core.store import Archive, verify
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def archive(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE_DIR", str(tmp_path / "archive"))
+    return Archive()
+
+
+def test_runs_enter_the_archive_only_when_writing_is_on(tiny, tmp_path, archive, monkeypatch):
+    run(tiny, cache_dir=tmp_path / "cache", workers=1)
+    assert not list(archive.entries())                                   # reading is the default
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    first = run(tiny, cache_dir=tmp_path / "cache", workers=1)         # a cache hit is archived too
+    [(key, stored)] = list(archive.entries())
+    assert key == store.archive_key(tiny, CPU) and stored.rounds == first.rounds
+    assert stored.meta["code_version"] == store.code_version() and stored.meta["cpu"] == store.cpu_model()
+    # an archived run is read, not recomputed, whatever the cache holds
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
+    again = run(tiny, cache_dir=tmp_path / "empty", workers=1)
+    assert again.rounds == first.rounds and again.final == first.final
+
+
+def test_use_cache_false_ignores_the_archive(tiny, tmp_path, archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    run(tiny, cache_dir=tmp_path, workers=1)
+    calls = []
+    real = runs_module.build
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run(tiny, use_cache=False, workers=1)
+    assert calls == [1]
+
+
+def test_a_kept_final_state_is_archived_and_trained_reads_it(tiny, tmp_path, archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    sim, state = trained(tiny, cache_dir=tmp_path)
+    key = store.archive_key(tiny, CPU)
+    assert (archive.folder / f"{key}.final").exists()
+    monkeypatch.setattr(runs_module, "run", lambda *a, **k: pytest.fail("trained() ran instead of reading"))
+    sim2, state2 = trained(tiny, cache_dir=tmp_path / "empty")
+    assert state2.rows == state.rows
+    assert torch.equal(state.server["weights"], state2.server["weights"])   # the flat global weights
+
+
+def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny, tmp_path, archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    for config in (tiny, tiny.replace(seed=1), tiny.replace(algorithm="fedprox")):
+        run(config, cache_dir=tmp_path, workers=1)
+    checks = verify(rerun, archive, rounds=2)
+    assert len(checks) == 2                                   # one run per distinct algorithm (fedavg, fedprox)
+    assert all(c.ok and c.first_difference is None and c.rounds == 2 for c in checks)
+    assert len(verify(rerun, archive, rounds=None, every=True)) == 3
+    # edit one stored number by hand: verification fails, naming the run and the round
+    key = store.archive_key(tiny.replace(algorithm="fedprox"), CPU)
+    path = archive.folder / f"{key}.json"
+    doc = json.loads(path.read_text())
+    doc["rounds"][1]["mean_client_accuracy"] += 1e-12
+    path.write_text(json.dumps(doc))
+    [bad] = [c for c in verify(rerun, archive, rounds=2) if c.key == key]
+    assert not bad.ok and bad.first_difference == 2 and bad.largest_difference == pytest.approx(1e-12, rel=0.01)
+    assert key in str(bad) and "round 2" in str(bad)
+    assert [c for c in verify(rerun, archive, rounds=1) if c.key == key][0].ok   # round 1 is untouched
+    # computed on another kind of CPU: the difference is reported, not failed
+    doc["meta"]["cpu"] = "another CPU"
+    path.write_text(json.dumps(doc))
+    [other] = [c for c in verify(rerun, archive, rounds=2) if c.key == key]
+    assert other.ok and other.first_difference == 2 and "another kind of CPU" in str(other)
+
+
+def test_a_full_verification_resumes_from_its_journal(tiny, tmp_path, archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    for seed in (0, 1):
+        run(tiny.replace(seed=seed), cache_dir=tmp_path, workers=1)
+    journal = tmp_path / "journal.jsonl"
+    first = verify(rerun, archive, rounds=None, every=True, journal=journal)
+    calls = []
+    again = verify(lambda h, k: calls.append(k) or rerun(h, k), archive, rounds=None, every=True, journal=journal)
+    assert calls == [] and [c.key for c in again] == [c.key for c in first] and all(c.ok for c in again)
+
+
+def test_rerun_stops_after_k_rounds_of_the_same_run(tiny):
+    full = run(tiny.replace(num_rounds=4), use_cache=False, workers=1)
+    first = rerun(full, 2)
+    assert [r["round"] for r in first] == [1, 2]
+    assert [r["mean_client_accuracy"] for r in first] == [r["mean_client_accuracy"] for r in full.rounds[:2]]
+
+
+def test_the_repositorys_archive_verifies():
+    """`make test` re-runs the first rounds of one archived run per method, data, model and split."""
+    archive = Archive(store.ARCHIVE_DIR)
+    entries = list(archive.entries())
+    assert entries, f"{archive.folder} holds no runs"
+    checks = verify(rerun, archive, rounds=2, progress=False)
+    failed = [str(c) for c in checks if not c.ok]
+    assert not failed, "archived runs the current code no longer reproduces (recompute them):\n" + "\n".join(failed)
