@@ -1,6 +1,7 @@
 # The project's commands. Each target sets up what it needs, so both work on a fresh clone:
 #   make book   executes every notebook with papermill and builds the HTML book (PROFILE=smoke|book|paper)
-#   make test   unit tests, every notebook with the smoke profile, a book build, a browser check
+#   make test   unit tests, the archive verified, every notebook with the smoke profile, a book build, a browser check
+#   make verify the archive of runs (book/runs) against the code: bit-identical first rounds (ALL=1: every run)
 SHELL := /bin/bash
 PYTHON ?= python3
 PROFILE ?= book

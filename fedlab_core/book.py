@@ -106,9 +106,10 @@ def _recorded(executed: Path) -> dict[str, Any]:
 
 
 def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: dict | None = None,
-            force: bool | Iterable[str] = False) -> list[str]:
+            force: bool | Iterable[str] = False, only: Iterable[str] | None = None) -> list[str]:
     """Execute the toc's notebooks with a profile; returns the stems that were (re-)executed. `force`: True
-    re-executes every notebook, a list of stems those (the others only when changed)."""
+    re-executes every notebook, a list of stems those (the others only when changed); `only`: these chapters
+    and no other."""
     import papermill
 
     if profile not in PROFILE_NAMES:
@@ -121,14 +122,19 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
     unknown = sorted(forced - set(stems))
     if unknown:
         raise ValueError(f"chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")
-    for stem in execution_order(stems):
+    order = execution_order([s for s in stems if only is None or s in set(only)])
+    timings = _timings(profile)
+    for n, stem in enumerate(order, 1):
         source, target = notebooks / f"{stem}.ipynb", chapters / f"{stem}.ipynb"
         params = profile_parameters(profiles, stem, profile)
         stamp = _stamp(source, params, chapters / "results" if stem in READS_RESULTS else None)
         if stem not in forced and _recorded(target).get("stamp") == stamp:
             print(f"[book] {stem}: unchanged, kept", flush=True)
             continue
-        print(f"[book] {stem}: executing with the {profile!r} profile", flush=True)
+        left = sum(timings.get(s, 0.0) for s in order[n - 1:])
+        print(f"[book] {n}/{len(order)} {stem}: executing with the {profile!r} profile"
+              + (f" (about {left / 60:.0f} min left for the book, by the last build's times)" if left else ""),
+              flush=True)
         started = time.perf_counter()
         # The kernel must use the inline backend so figures land in the page; a headless MPLBACKEND
         # set for the test process would be inherited by the kernel and swallow them.
@@ -147,8 +153,26 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
         nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
                                  "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         nbformat.write(nb, target)
+        timings[stem] = nb.metadata["fedlab"]["seconds"]
+        _timings(profile, timings)
         ran.append(stem)
     return ran
+
+
+TIMINGS = ROOT / "book" / "chapter_seconds.json"   # committed: the estimates work on a fresh clone
+
+
+def _timings(profile: str, update: dict[str, float] | None = None) -> dict[str, float]:
+    """The seconds each chapter took at its last execution with `profile` (read, or written with `update`);
+    the book profile's only: another profile's would not estimate it."""
+    if profile != "book":
+        return {}
+    if update is not None:
+        from .store import _atomic_write
+        _atomic_write(TIMINGS, lambda f: f.write(json.dumps({k: round(v, 1) for k, v in update.items()},
+                                                             indent=1, sort_keys=True).encode()))
+        return update
+    return json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
 
 
 def write_status(chapters: Path, toc: Path) -> Path:
@@ -227,6 +251,39 @@ def stage(destination: Path) -> Path:
     return destination / "book"
 
 
+def compute(stem: str, hours: float | None = None, backend: str | None = None) -> int:
+    """Compute one chapter's runs into the archive: execute it with the book profile, every run it computes
+    stored as it finishes; with `hours`, no run starts after that time (the runs in flight finish and are
+    stored) and the command stops cleanly, so the next call continues where it stopped. `backend` "ray" sends
+    the runs to the Ray cluster at $RAY_ADDRESS. Returns 0 once the chapter ran to its end, 3 when the time
+    ran out first."""
+    from papermill.exceptions import PapermillExecutionError
+
+    from .store import Archive
+
+    os.environ["FEDLAB_ARCHIVE"] = "write"
+    if hours is not None:
+        os.environ["FEDLAB_DEADLINE"] = str(time.time() + 3600 * hours)
+    if backend is not None:
+        os.environ["FEDLAB_BACKEND"] = backend
+    archive, started = Archive(), time.perf_counter()
+    before = sum(1 for _ in archive.entries())
+    try:
+        execute("book", ROOT / "notebooks", ROOT / "book" / "chapters", ROOT / "book" / "_toc.yml", force=[stem],
+                only=[stem])
+        finished = True
+    except PapermillExecutionError as err:
+        if err.ename != "BudgetSpent":
+            raise
+        finished = False
+    now = sum(1 for _ in archive.entries())
+    print(f"[compute] {stem}: {now - before} runs added to the archive in {(time.perf_counter() - started) / 60:.1f} "
+          f"min; it holds {now} runs ({archive.size() / 1e6:.1f} MB). "
+          + ("The chapter ran to its end." if finished else "The time ran out: run the same command to continue."),
+          flush=True)
+    return 0 if finished else 3
+
+
 def verify_archive(every: bool = False, rounds: int = 2) -> int:
     """Re-run the archived runs (:func:`fedlab_core.store.verify`): the first `rounds` rounds of one run per
     distinct method, augmentation, dataset, model and partition scheme, or with `every` each run in full
@@ -255,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run the first rounds of one archived run per method, data, model and split and "
                              "compare them bit for bit with the stored numbers (builds nothing)")
     parser.add_argument("--all", action="store_true", help="with --verify: every archived run, in full (resumable)")
+    parser.add_argument("--compute", metavar="STEM", help="compute this chapter's runs into the archive (builds nothing)")
+    parser.add_argument("--hours", type=float, help="with --compute: start no run after this many hours")
+    parser.add_argument("--backend", choices=("local", "ray"), help="with --compute: where the runs go (ray: $RAY_ADDRESS)")
     parser.add_argument("--force", action="store_true", help="re-execute every notebook")
     parser.add_argument("--chapters", nargs="+", default=(), metavar="STEM",
                         help="re-execute these chapters (the others only when changed)")
@@ -264,6 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.verify:
         return verify_archive(every=args.all)
     stems = toc_chapters(ROOT / "book" / "_toc.yml")
+    if (args.hours is not None or args.backend) and not args.compute:
+        parser.error("--hours and --backend go with --compute")
+    if args.hours is not None and not args.hours > 0:
+        parser.error(f"--hours: must be a number > 0; got {args.hours:g}")
+    if args.compute:
+        if args.compute not in stems:
+            parser.error(f"--compute: unknown chapter {args.compute!r}; allowed: {', '.join(stems)}")
+        return compute(args.compute, args.hours, args.backend)
     unknown = sorted(set(args.chapters) - set(stems))
     if unknown:
         parser.error(f"--chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")

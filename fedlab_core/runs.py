@@ -311,20 +311,34 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     result_path, ckpt_path, final_path = folder / f"{key}.json", folder / f"{key}.ckpt", folder / f"{key}.final"
     kept = final_path if keep_state else None
     if use_cache:
-        archived = Archive().get(config, device, with_state=keep_state)
-        if archived is not None:
-            return archived
-        if final_path.exists() or not keep_state:
-            cached = _read_result(result_path, config, key)
-            if cached is not None:
-                _to_archive(cached, config, device, kept, key)
-                return cached
+        found = stored(config, cache_dir=folder, device=device, keep_state=keep_state)
+        if found is not None:
+            return found
     with one_thread():
         history = _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
                        progress, keep_state, on_diverge)
     if use_cache:
         _to_archive(history, config, device, kept, key)
     return history
+
+
+def stored(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",
+           keep_state: bool = False) -> History | None:
+    """The run's result if the archive or the cache holds it (with its final state, for `keep_state`), else
+    None; nothing is computed. A result found in the cache is added to the archive when writing to it is on."""
+    device = resolve_device(device)
+    archived = Archive().get(config, device, with_state=keep_state)
+    if archived is not None:
+        return archived
+    key = cache_key(config, device)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final_path = folder / f"{key}.final"
+    if keep_state and not final_path.exists():
+        return None
+    cached = _read_result(folder / f"{key}.json", config, key)
+    if cached is not None:
+        _to_archive(cached, config, device, final_path if keep_state else None, key)
+    return cached
 
 
 def _to_archive(history: History, config: RunConfig, device: torch.device, final_path: Path | None, key: str) -> None:

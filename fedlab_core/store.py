@@ -231,11 +231,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def archive_key(config: "RunConfig", device: torch.device) -> str:
-    """A run's name in the archive: a hash of its config, the device type and PyTorch's version; not of the
-    library's code, so an archived run outlives code changes that do not move its numbers (:func:`verify`
-    says which do)."""
-    payload = json.dumps({"config": config.to_dict(), "device": device.type, "torch": torch.__version__},
+def archive_key(config: "RunConfig | dict[str, Any]", device: torch.device | str) -> str:
+    """A run's name in the archive: a hash of its config (a config, or a stored run's config dict), the device
+    type and PyTorch's version; not of the library's code, so an archived run outlives code changes that do not
+    move its numbers (:func:`verify` says which do)."""
+    as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    payload = json.dumps({"config": as_dict, "device": getattr(device, "type", device), "torch": torch.__version__},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
@@ -294,6 +295,18 @@ class Archive:
     def size(self) -> int:
         """Bytes on disk."""
         return sum(p.stat().st_size for p in self.folder.glob("*") if p.is_file())
+
+    def summary(self) -> dict[str, Any]:
+        """How many runs it holds, their bytes, the hours they took to compute (their own timings), how many keep
+        a final state, and the code versions that computed them (version -> runs)."""
+        versions: dict[str, int] = {}
+        runs = seconds = 0
+        for _, h in self.entries():
+            runs += 1
+            seconds += h.meta.get("seconds") or 0.0
+            versions[h.meta.get("code_version", "?")] = versions.get(h.meta.get("code_version", "?"), 0) + 1
+        return {"runs": runs, "bytes": self.size(), "hours": seconds / 3600, "versions": versions,
+                "with_state": sum(1 for _ in self.folder.glob("*.final"))}
 
 
 @dataclass

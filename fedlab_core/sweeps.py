@@ -9,11 +9,12 @@ turn the results into the book's tables and frames.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 
-from .runs import RunConfig, run
+from .runs import RunConfig, run, stored
 from .store import History
 
 if TYPE_CHECKING:  # pandas loads when a table is first asked for
@@ -103,17 +104,28 @@ def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:
     return run(config, **kwargs, workers=1)  # a sweep's parallelism is its runs side by side: no nested pools
 
 
-def sweep(configs: Iterable[RunConfig], backend: str = "local", max_workers: int | None = None,
+class BudgetSpent(RuntimeError):
+    """The time budget of a chunked computation ($FEDLAB_DEADLINE) ran out; finished runs are stored."""
+
+
+def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers: int | None = None,
           **run_kwargs) -> list[History]:
     """Run many configs in parallel; results come back in the order given.
 
     backend : "local" (a process pool, one torch thread per worker, `max_workers` defaulting to the
         number of cores) or "ray" (tasks of one CPU each on the cluster at $RAY_ADDRESS, or a local
-        Ray instance when none is set).
-    run_kwargs : passed to :func:`run` (cache_dir, device, ...). Cached results are not re-run. A run
-        that diverges is recorded with NaN metrics (``on_diverge="record"``) unless told otherwise.
+        Ray instance when none is set); None: $FEDLAB_BACKEND, else "local".
+    run_kwargs : passed to :func:`run` (cache_dir, device, ...). Runs the archive or the cache holds are read
+        here, not re-run; the others are computed, with a progress bar and the time left. A run that diverges
+        is recorded with NaN metrics (``on_diverge="record"``) unless told otherwise.
+
+    With ``$FEDLAB_DEADLINE`` set (a Unix time), no run starts after it: the runs in flight finish (and are
+    stored), then :class:`BudgetSpent` is raised, so a long computation proceeds in chunks.
     """
+    from tqdm import tqdm
+
     configs = list(configs)
+    backend = backend or os.environ.get("FEDLAB_BACKEND") or "local"
     if "workers" in run_kwargs:
         raise ValueError("workers: a sweep runs its configs side by side, one process each, and each run in its "
                          "process; give max_workers for the number of runs at a time")
@@ -121,16 +133,45 @@ def sweep(configs: Iterable[RunConfig], backend: str = "local", max_workers: int
         raise ValueError(f"backend: unknown value {backend!r}; allowed: local, ray")
     run_kwargs.setdefault("progress", False)
     run_kwargs.setdefault("on_diverge", "record")  # one diverging run must not sink the sweep
+    results: list[History | None] = [None] * len(configs)
+    if run_kwargs.get("use_cache", True):
+        lookup = {k: run_kwargs[k] for k in ("cache_dir", "device", "keep_state") if k in run_kwargs}
+        results = [stored(c, **lookup) for c in configs]
+    missing = [i for i, h in enumerate(results) if h is None]
+    if not missing:
+        return results
+    deadline = float(os.environ.get("FEDLAB_DEADLINE") or "inf")
+    bar = tqdm(total=len(missing), desc=f"computing {len(missing)} of {len(configs)} runs", unit="run",
+               disable=None)  # on a terminal only: a notebook page shows no progress bars
     if backend == "ray":
         import ray
 
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
         task = ray.remote(num_cpus=1)(_run_one_thread)
-        return ray.get([task.remote(c, run_kwargs) for c in configs])
+        pending = {task.remote(configs[i], run_kwargs): i for i in missing}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            results[pending.pop(done[0])] = ray.get(done[0])
+            bar.update(1)
+        bar.close()
+        return results
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     workers = max_workers or os.cpu_count() or 1
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(_run_one_thread, configs, [run_kwargs] * len(configs)))
+    queue = list(missing)
+    with bar, ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        flying = {}
+        while queue or flying:
+            while queue and len(flying) < workers and time.time() < deadline:
+                i = queue.pop(0)
+                flying[pool.submit(_run_one_thread, configs[i], run_kwargs)] = i
+            if not flying:
+                raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(queue)} of {len(configs)} runs "
+                                  f"of this sweep left; the finished ones are stored, so the same command continues")
+            done, _ = wait(flying, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[flying.pop(future)] = future.result()
+                bar.update(1)
+    return results

@@ -25,7 +25,7 @@ def test_runs_enter_the_archive_only_when_writing_is_on(tiny, tmp_path, archive,
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     first = run(tiny, cache_dir=tmp_path / "cache", workers=1)         # a cache hit is archived too
     [(key, stored)] = list(archive.entries())
-    assert key == store.archive_key(tiny, CPU) and stored.rounds == first.rounds
+    assert key == store.archive_key(tiny, CPU) == store.archive_key(stored.config, "cpu") and stored.rounds == first.rounds
     assert stored.meta["code_version"] == store.code_version() and stored.meta["cpu"] == store.cpu_model()
     # an archived run is read, not recomputed, whatever the cache holds
     monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
@@ -105,3 +105,42 @@ def test_the_repositorys_archive_verifies():
     checks = verify(rerun, archive, rounds=2, progress=False)
     failed = [str(c) for c in checks if not c.ok]
     assert not failed, "archived runs the current code no longer reproduces (recompute them):\n" + "\n".join(failed)
+
+
+def test_a_sweep_reads_stored_runs_itself_and_starts_none_after_its_deadline(tiny, tmp_path, monkeypatch):
+    import time
+
+    from fedlab_core.sweeps import BudgetSpent, sweep
+
+    configs = [tiny.replace(seed=s) for s in range(3)]
+    first = sweep(configs[:2], max_workers=2, cache_dir=tmp_path)
+    monkeypatch.setenv("FEDLAB_DEADLINE", str(time.time() - 1))     # the budget is spent
+    again = sweep(configs[:2], max_workers=2, cache_dir=tmp_path)    # stored: read, no process started
+    assert [h.rounds for h in again] == [h.rounds for h in first]
+    with pytest.raises(BudgetSpent, match="FEDLAB_DEADLINE.*1 of 3 runs"):
+        sweep(configs, max_workers=2, cache_dir=tmp_path)
+    assert not list(tmp_path.glob(f"{store.cache_key(configs[2], CPU)}.*"))   # the third never started
+
+
+def test_compute_stops_cleanly_when_the_time_runs_out(monkeypatch, tmp_path, capsys):
+    from papermill.exceptions import PapermillExecutionError
+
+    from fedlab_core import book
+
+    monkeypatch.setenv("FEDLAB_ARCHIVE_DIR", str(tmp_path))
+    seen = {}
+
+    def spent(*args, **kwargs):
+        seen.update(kwargs, deadline=float(book.os.environ["FEDLAB_DEADLINE"]), archive=book.os.environ["FEDLAB_ARCHIVE"])
+        raise PapermillExecutionError(0, 1, "sweep(...)", "BudgetSpent", "the time budget ran out", [])
+
+    monkeypatch.setattr(book, "execute", spent)
+    monkeypatch.delenv("FEDLAB_DEADLINE", raising=False)
+    monkeypatch.delenv("FEDLAB_ARCHIVE", raising=False)
+    assert book.compute("distrans", hours=0.5) == 3
+    assert seen["only"] == ["distrans"] and seen["archive"] == "write"
+    assert "run the same command to continue" in capsys.readouterr().out
+    monkeypatch.setattr(book, "execute", lambda *a, **k: (_ for _ in ()).throw(
+        PapermillExecutionError(0, 1, "x", "ValueError", "a real error", [])))
+    with pytest.raises(PapermillExecutionError):      # any other failure is not swallowed
+        book.compute("distrans")

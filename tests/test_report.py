@@ -155,3 +155,12 @@ def test_claimed_differences_pairs_the_papers_difference_with_ours(tmp_path):
     pairs = report.claimed_differences(report.read(tmp_path))
     assert list(pairs["claimed"]) == pytest.approx([0.284, 0.0729])
     assert list(pairs["ours"]) == pytest.approx([0.4, 2.0]) and list(pairs["paper"]) == ["OT preprocessing"] * 2
+
+
+def test_chapter_times_are_kept_for_the_book_profile_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(book, "TIMINGS", tmp_path / "chapter_seconds.json")
+    assert book._timings("book") == {}
+    book._timings("book", {"distrans": 61.234})
+    assert book._timings("book") == {"distrans": 61.2}       # what the next build estimates the time left from
+    assert book._timings("smoke") == {}
+    assert json.loads((tmp_path / "chapter_seconds.json").read_text()) == {"distrans": 61.2}
