@@ -35,3 +35,15 @@ class TinyBN(nn.Module):
 
     def forward(self, x):
         return self.out(torch.relu(self.bn(self.fc(x.flatten(1)))))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _the_repositorys_archive_is_never_written():
+    """Only the book profile writes to the archive; a test that leaked FEDLAB_ARCHIVE=write would add its runs."""
+    from fedlab_core.store import ARCHIVE_DIR
+
+    os.environ.pop("FEDLAB_ARCHIVE", None)
+    before = set(os.listdir(ARCHIVE_DIR)) if ARCHIVE_DIR.exists() else set()
+    yield
+    after = set(os.listdir(ARCHIVE_DIR)) if ARCHIVE_DIR.exists() else set()
+    assert after == before, f"the tests wrote into the repository's archive: {sorted(after - before)[:5]}"

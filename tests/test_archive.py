@@ -135,8 +135,8 @@ def test_compute_stops_cleanly_when_the_time_runs_out(monkeypatch, tmp_path, cap
         raise PapermillExecutionError(0, 1, "sweep(...)", "BudgetSpent", "the time budget ran out", [])
 
     monkeypatch.setattr(book, "execute", spent)
-    monkeypatch.delenv("FEDLAB_DEADLINE", raising=False)
-    monkeypatch.delenv("FEDLAB_ARCHIVE", raising=False)
+    for name in ("FEDLAB_DEADLINE", "FEDLAB_ARCHIVE", "FEDLAB_BACKEND"):   # compute() sets them: restored after
+        monkeypatch.setenv(name, "")
     assert book.compute("distrans", hours=0.5) == 3
     assert seen["only"] == ["distrans"] and seen["archive"] == "write"
     assert "run the same command to continue" in capsys.readouterr().out
