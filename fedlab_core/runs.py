@@ -220,7 +220,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
                              f"{torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
     elif d.type == "mps":
         if not torch.backends.mps.is_available():
-            raise ValueError(f"device: 'mps' asked for, but PyTorch sees no Apple GPU here; use cpu (or auto)")
+            raise ValueError("device: 'mps' asked for, but PyTorch sees no Apple GPU here; use cpu (or auto)")
     elif d.type != "cpu":
         raise ValueError(f"device: {str(device)!r} is not supported; use auto, cpu, cuda or cuda:N")
     return d
