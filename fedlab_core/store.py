@@ -304,7 +304,8 @@ class Archive:
         for _, h in self.entries():
             runs += 1
             seconds += h.meta.get("seconds") or 0.0
-            versions[h.meta.get("code_version", "?")] = versions.get(h.meta.get("code_version", "?"), 0) + 1
+            version = h.meta.get("code_version", "?")
+            versions[version] = versions.get(version, 0) + 1
         return {"runs": runs, "bytes": self.size(), "hours": seconds / 3600, "versions": versions,
                 "with_state": sum(1 for _ in self.folder.glob("*.final"))}
 
@@ -378,7 +379,6 @@ def verify(rerun: Callable[[History, int | None], list[dict[str, Any]]], archive
     rounds : how many first rounds to re-run (None: all).
     every : every archived run (in full when `rounds` is None); else the cheapest run of each distinct
         :func:`group_of`.
-
     journal : a file each finished check is appended to (one JSON line); checks it already holds for the same
         run, rounds and code version are read from it, not re-run, so a long verification resumes where it was
         stopped.
@@ -390,13 +390,10 @@ def verify(rerun: Callable[[History, int | None], list[dict[str, Any]]], archive
 
     archive = archive or Archive()
     entries = list(archive.entries())
-    if not every:
+    if not every:  # the cheapest run (seconds per round) of each group
         chosen: dict[tuple, tuple[str, History]] = {}
-        for key, h in entries:
-            cost = (h.meta.get("seconds") or 0.0) / max(len(h.rounds), 1)
-            g = group_of(h)
-            if g not in chosen or cost < (chosen[g][1].meta.get("seconds") or 0.0) / max(len(chosen[g][1].rounds), 1):
-                chosen[g] = (key, h)
+        for key, h in sorted(entries, key=lambda kh: -(kh[1].meta.get("seconds") or 0.0) / max(len(kh[1].rounds), 1)):
+            chosen[group_of(h)] = (key, h)
         entries = sorted(chosen.values(), key=lambda kh: kh[0])
     here, version = cpu_model(), code_version()
     done: dict[tuple, Check] = {}
