@@ -307,12 +307,15 @@ class Simulation:
 
     def _evaluation_shares(self, state: SimulationState) -> list[tuple]:
         """The evaluation split into one task per worker: (server state, the client states it needs, its
-        units), a unit being (target, start, stop) with target None for the global test set (one unit per
-        batch) or a client id (its whole test set). Units go to the least-loaded share, largest first."""
+        units), a unit being (target, start, stop, part) with target None for the global test set (one unit
+        per batch) or a client id (its whole test set, part "test", or its monitored validation set, part
+        "val"). Units go to the least-loaded share, largest first."""
         fed = self.federation
-        units = [(None, s, min(s + self.eval_batch_size, len(fed.y_test)))
+        units = [(None, s, min(s + self.eval_batch_size, len(fed.y_test)), "test")
                  for s in range(0, len(fed.y_test), self.eval_batch_size)] if self.algorithm.global_model else []
-        units += [(cid, 0, len(d.y_test)) for cid, d in enumerate(fed.clients) if len(d.y_test)]
+        units += [(cid, 0, len(d.y_test), "test") for cid, d in enumerate(fed.clients) if len(d.y_test)]
+        units += [(cid, 0, len(d.y_val), "val") for cid, d in enumerate(fed.clients)
+                  if d.y_val is not None and len(d.y_val)]
         if self.pool is None:
             return [(state.server, state.clients, units)]
         shares: list[list[tuple]] = [[] for _ in range(self.pool.size)]
@@ -324,12 +327,13 @@ class Simulation:
         every = type(self.algorithm).predict_global is not Algorithm.predict_global  # e.g. an ensemble of clients
         out = []
         for share in shares:
-            wanted = set(state.clients) if every and any(t is None for t, _, _ in share) else {t for t, _, _ in share}
+            wanted = set(state.clients) if every and any(u[0] is None for u in share) else {u[0] for u in share}
             out.append((state.server, {cid: state.clients[cid] for cid in wanted if cid is not None}, share))
         return out
 
     def evaluate(self, state: SimulationState) -> dict[str, Any]:
-        """`predict_global` on the global test set; each client's `predict` on its own test set.
+        """`predict_global` on the global test set; each client's `predict` on its own test set (and on its
+        monitored validation set, when it has one: ``client_validation_accuracy``).
 
         A method without a global model (``algorithm.global_model`` False) has NaN global accuracy and
         loss: no other number stands in for them. Every evaluation batch is scored on its own and the sums
@@ -346,18 +350,21 @@ class Simulation:
             scores.update(zip(units, value))
         correct, loss = _total([b for unit in sorted((u for u in scores if u[0] is None), key=lambda u: u[1])
                                 for b in scores[unit]])
-        per_client = [math.nan] * fed.num_clients
-        for (target, _, n), batches in scores.items():
+        per_client = {"test": [math.nan] * fed.num_clients, "val": [math.nan] * fed.num_clients}
+        for (target, _, n, part), batches in scores.items():
             if target is not None:
-                per_client[target] = _total(batches)[0] / n
-        valid = [a for a in per_client if not math.isnan(a)]
+                per_client[part][target] = _total(batches)[0] / n
+        valid = [a for a in per_client["test"] if not math.isnan(a)]
         scored = self.algorithm.global_model
-        return {
+        out = {
             "global_accuracy": correct / len(fed.y_test) if scored else math.nan,
             "global_loss": loss / len(fed.y_test) if scored else math.nan,
             "mean_client_accuracy": float(np.mean(valid)) if valid else math.nan,
-            "client_accuracy": per_client,
+            "client_accuracy": per_client["test"],
         }
+        if any(u[3] == "val" for u in scores):
+            out["client_validation_accuracy"] = per_client["val"]
+        return out
 
 
 # ------------------------------------------------------------------ tasks (run here or on a worker)
@@ -373,11 +380,13 @@ def _train_client(sim: Simulation, round_idx: int, cid: int, message: Message, c
 
 def _score_units(sim: Simulation, server: dict[str, Any], clients: dict[int, dict[str, Any]],
                  units: list[tuple]) -> list[list[tuple[int, float]]]:
-    """Per unit (target, start, stop), the per-batch (correct, summed loss) of its test samples."""
+    """Per unit (target, start, stop, part), the per-batch (correct, summed loss) of its samples."""
     out = []
-    for target, start, stop in units:
+    for target, start, stop, part in units:
         fed = sim.federation
-        x, y = (fed.x_test, fed.y_test) if target is None else (fed.clients[target].x_test, fed.clients[target].y_test)
+        client = None if target is None else fed.clients[target]
+        x, y = (fed.x_test, fed.y_test) if client is None else \
+            (client.x_test, client.y_test) if part == "test" else (client.x_val, client.y_val)
         if target is None:
             predict = lambda xb: sim.algorithm.predict_global(server, clients, xb)
         else:

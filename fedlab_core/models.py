@@ -56,12 +56,15 @@ class LeNet5(nn.Module):
     """LeNet-5 (LeCun et al. 1998), the common modern variant with ReLU and max-pooling.
 
     With ``batch_norm=True`` ("lenet5_bn") a BatchNorm2d follows each convolution: it trains much
-    faster from few samples and gives FedBN-style methods batch-norm layers to act on.
+    faster from few samples and gives FedBN-style methods batch-norm layers to act on. With
+    ``dense_norm=True`` as well ("lenet5_bnfc") a BatchNorm1d also follows each hidden dense layer, before
+    its ReLU, so the 84-d features end with batch norm and ReLU as the Digits CNN's (FedBN's, FRAug's) do.
     """
 
     blocks = ("conv.3", "conv.7")  # after each conv, (BN,) ReLU, max-pool
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28, batch_norm: bool = False):
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28, batch_norm: bool = False,
+                 dense_norm: bool = False):
         super().__init__()
         norm = (lambda c: nn.BatchNorm2d(c)) if batch_norm else (lambda c: nn.Identity())
         self.conv = nn.Sequential(
@@ -71,14 +74,16 @@ class LeNet5(nn.Module):
         n_flat = _flat_size(self.conv, in_channels, image_size)  # 16*5*5 = 400 for 28x28
         self.fc1 = nn.Linear(n_flat, 120)
         self.fc2 = nn.Linear(120, 84)
+        dense = (lambda c: nn.BatchNorm1d(c)) if dense_norm else (lambda c: nn.Identity())
+        self.bn1, self.bn2 = dense(120), dense(84)
         self.feature_dim = 84
         self.head = nn.Linear(84, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)  # (B, 16, 5, 5) for 28x28
         x = torch.flatten(x, 1)  # (B, 400)
-        x = F.relu(self.fc1(x))  # (B, 120)
-        x = F.relu(self.fc2(x))  # (B, 84)
+        x = F.relu(self.bn1(self.fc1(x)))  # (B, 120)
+        x = F.relu(self.bn2(self.fc2(x)))  # (B, 84)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -378,6 +383,7 @@ class MLP(nn.Module):
 MODELS = {
     "lenet5": LeNet5,
     "lenet5_bn": functools.partial(LeNet5, batch_norm=True),
+    "lenet5_bnfc": functools.partial(LeNet5, batch_norm=True, dense_norm=True),
     "digit": DigitModel,
     "ot_cnn": OTCNN,
     "ot_resnet": OTResNet,

@@ -29,7 +29,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Range:
-    """A number between `low` and `high` (either may be None: unbounded); `*_open` excludes the bound.
+    """A number between `low` and `high` (either may be None: unbounded); `*_open` excludes the bound. A list
+    of numbers is in the range when every number is.
 
     NaN never lies in a range; infinities lie only in ranges unbounded on their side.
     """
@@ -40,6 +41,8 @@ class Range:
     high_open: bool = False
 
     def __call__(self, value: Any) -> bool:
+        if isinstance(value, (list, tuple)):  # a list of numbers: every one in the range
+            return all(self(v) for v in value)
         if isinstance(value, float) and math.isnan(value):
             return False
         if self.low is not None and not (value > self.low if self.low_open else value >= self.low):

@@ -144,10 +144,11 @@ def source_of(claim: str) -> str:
 def provenance(h: "History") -> dict[str, Any]:
     """What identifies one run: seed, cache key, code version, device, data checksum, split hash, thread count
     and the versions of the libraries that shape numbers; with its dataset, rounds and training samples."""
+    from .runs import RunConfig
     from .store import Archive, archive_key
 
     meta = h.meta
-    archived = archive_key(h.config, meta.get("device", "cpu"))
+    archived = archive_key(RunConfig(**h.config), meta.get("device", "cpu"))
     return {"seed": h.config["seed"], "key": meta.get("key"), "code_version": meta.get("code_version"),
             "archive_key": archived, "archived": Archive().paths(archived)[0].exists(),
             "device": meta.get("device"), "data_checksum": meta.get("data_checksum"),

@@ -67,6 +67,7 @@ class RunConfig:
     min_size: int = 10                              # fewest training samples per client ("dirichlet", "quantity")
     num_clients: int = 10                           # clients in the federation
     validation: float = 0.0                         # > 0: evaluate on this held-out share of each client's training data
+    validation_monitor: float = 0.0                 # > 0: also score this held-out share at every evaluation (best round)
     # communication
     num_rounds: int = 20                            # communication rounds
     fraction: float = 1.0                           # fraction of clients sampled per round, in (0, 1]
@@ -124,7 +125,7 @@ FIELD_CONSTRAINTS = {
     "dataset": OneOf(*sorted(DATASETS)), "partition": OneOf(*sorted(P.PARTITIONS)), "optimizer": OneOf(*OPTIMIZERS),
     "max_train_samples": Range(0), "max_test_samples": Range(0), "alpha": Range(0, FINITE, True, True),
     "dh": Range(0, 1), "classes_per_client": Range(1), "beta": Range(0, FINITE, True, True), "min_size": Range(0),
-    "num_clients": Range(1), "validation": Range(0, 1, high_open=True), "num_rounds": Range(1),
+    "num_clients": Range(1), "validation": Range(0, 1, high_open=True), "validation_monitor": Range(0, 1, high_open=True), "num_rounds": Range(1),
     "fraction": Range(0, 1, low_open=True),
     "clients_per_round": Range(0), "local_epochs": Range(1), "local_steps": Range(0), "batch_size": Range(1),
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
@@ -148,6 +149,9 @@ def validate(c: RunConfig) -> None:
     object.__setattr__(c, "algorithm_params", ALGORITHMS[c.algorithm].check_params(c.algorithm_params, "algorithm_params"))
     object.__setattr__(c, "augment_params", AUGMENTS[c.augment].check_params(c.augment_params, "augment_params"))
     object.__setattr__(c, "dataset_params", check_dataset_params(c.dataset, c.dataset_params))
+    if c.validation and c.validation_monitor:
+        raise ValueError("validation_monitor: must be 0 when validation is set (the run is already scored on held-out "
+                         f"training data); got {c.validation_monitor}")
     if c.clients_per_round > c.num_clients:
         raise ValueError(f"clients_per_round: must be <= num_clients ({c.num_clients}); got {c.clients_per_round}")
     info = DATASETS[c.dataset]
@@ -259,6 +263,8 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
     federation = federate(data, config.partition, config.num_clients, config.seed, **config.partition_options())
     if config.validation:
         federation = hold_out(federation, config.validation, config.seed)
+    if config.validation_monitor:
+        federation = hold_out(federation, config.validation_monitor, config.seed, keep_test=True)
     federation = federation.to(device)
     model_name = config.model if config.model != "auto" else DATASETS[config.dataset].default_model(data.input_shape)
     torch.manual_seed(derive_seed(config.seed, 0, INIT))  # model initialisation has its own stream

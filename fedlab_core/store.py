@@ -231,13 +231,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def archive_key(config: "RunConfig | dict[str, Any]", device: torch.device | str) -> str:
-    """A run's name in the archive: a hash of its config (a config, or a stored run's config dict), the device
-    type and PyTorch's version; not of the library's code, so an archived run outlives code changes that do not
-    move its numbers (:func:`verify` says which do)."""
-    as_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    payload = json.dumps({"config": as_dict, "device": getattr(device, "type", device), "torch": torch.__version__},
-                         sort_keys=True, default=str)
+def _defaults(config: "RunConfig") -> dict[str, Any]:
+    """Every field of the config's class at its default, as JSON reads it back."""
+    return _plain({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                   for f in dataclasses.fields(config)})
+
+
+def settings(config: "RunConfig") -> dict[str, Any]:
+    """The fields of `config` that differ from their defaults, as JSON reads them back: what names the run
+    whatever fields later versions of the config add (at defaults that keep their numbers)."""
+    defaults = _defaults(config)
+    return {k: v for k, v in _plain(config.to_dict()).items() if k not in defaults or defaults[k] != v}
+
+
+def archive_key(config: "RunConfig", device: torch.device | str) -> str:
+    """A run's name in the archive: a hash of its config's :func:`settings`, the device type and PyTorch's
+    version; not of the library's code, so an archived run outlives code changes that do not move its numbers
+    (:func:`verify` says which do), and not of the fields at their defaults, so it outlives new fields too."""
+    payload = json.dumps({"config": settings(config), "device": getattr(device, "type", device),
+                          "torch": torch.__version__}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
@@ -267,7 +279,7 @@ class Archive:
         if not result.exists() or (with_state and not final.exists()):
             return None
         history = History.from_json(result.read_text())
-        if history.config != _plain(config.to_dict()):
+        if {**_defaults(config), **history.config} != _plain(config.to_dict()):
             raise ValueError(f"{result}: the archive entry holds another run's config; the archive is damaged")
         return history
 

@@ -2,12 +2,24 @@
 
 The papers each tuned their own method; a fair comparison tunes every method the same way. For a
 benchmark (a dataset and partition scheme at the book's scale, e.g. the DisTrans split of
-Fashion-MNIST at DH 0.8, or the feature-skew domains) and a method, the candidates are the method's
-paper rate (``paper_training.lr``) times each factor of :data:`GRID`; a method with a second rate of
-its own (:data:`SECOND_RATES`: DisTrans's offset rate, pFedHN's server rate) tries every pair. Every
-candidate is one run of the benchmark's config at fewer rounds, one seed, evaluated on a validation
-split carved from the clients' training data (``RunConfig.validation``), never the test set. The rate
-with the best validation score at the last round wins (ties: the rate closer to the paper's).
+Fashion-MNIST at DH 0.8, or the feature-skew domains) and a method, the candidates come from one of two
+grids, and a method with a second rate of its own (DisTrans's offset rate, pFedHN's server rate) tries
+every pair:
+
+- **relative** (``rates=None``): the method's paper rate (``paper_training.lr``) times each factor of
+  :data:`GRID`, the second rate's paper value times its factors (:data:`SECOND_RATES`); scored at the last
+  round. Its ceilings differ by method: a method whose paper rate is small can never reach the rates
+  another method tries.
+- **absolute** (``rates=RATES``): every method tries the same rates, :data:`RATES`, a half-decade grid
+  from 0.003 to 0.3, and the second rates their grids of :data:`SECOND_RATE_GRIDS`; each candidate is
+  evaluated every tenth of its rounds and scored by :func:`~fedlab_core.verdicts.score` (the mean of the
+  last fifth of its evaluated rounds, which one noisy round cannot decide). A method whose choice lies at
+  the edge of the rates it tried gets the next rate beyond that edge (the grid's own step), up to
+  ``widen`` times per rate, so no method is capped by the grid.
+
+Every candidate is one run of the benchmark's config at fewer rounds than the chapters', one seed, evaluated
+on a validation split carved from the clients' training data (``RunConfig.validation``), never the test
+set. The best validation score wins (ties: the rate closer to the paper's).
 
 Every candidate is an ordinary cached run, so each chapter that asks for the same benchmark gets the
 same choice without training again. :func:`tuned_configs` applies the choice with the precedence the
@@ -34,6 +46,11 @@ GRID = (1 / 3, 1.0, 3.0, 10.0)   # factors of the paper's rate; 10x: the book tr
 # scale (an offset's gradient is that of a batch-mean loss with respect to one input, tiny per pixel), so
 # its offsets would stay the noise they start as; its grid spans four decades upwards instead.
 SECOND_RATES = {"distrans": ("offset_lr", (1.0, 1e2, 1e3, 1e4)), "pfedhn": ("server_lr", GRID)}
+RATES = (0.003, 0.01, 0.03, 0.1, 0.3)   # the absolute grid: every method's learning rate, half a decade apart
+# The absolute grids of the second rates: DisTrans's offset rate a decade apart (its useful range spans four
+# decades, see above), pFedHN's server rate on the learning rates' grid.
+SECOND_RATE_GRIDS = {"distrans": ("offset_lr", (0.01, 0.1, 1.0, 10.0)), "pfedhn": ("server_lr", RATES)}
+EVALUATIONS = 10                  # absolute grid: evaluations per candidate run
 VALIDATION = 0.2                  # the share of each client's training data held out for tuning
 METRIC = "mean_client_accuracy"   # every method has it: each client's own prediction rule on its own data
 
@@ -48,6 +65,7 @@ class Tuning:
         score, the seconds the run took when it ran, whether it was chosen.
     chosen : method label -> the rates it uses (``{"lr": ..., "offset_lr": ...}``).
     rounds, seed, validation : how the candidates were run.
+    absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
     """
 
     grid: "pd.DataFrame"
@@ -55,6 +73,7 @@ class Tuning:
     rounds: int
     seed: int
     validation: float
+    absolute: bool = False
 
     def by_factor(self) -> "pd.DataFrame":
         """Method x factor of its paper rate: the best validation score at that rate (over a second rate)."""
@@ -73,8 +92,33 @@ class Tuning:
             for name, _ in SECOND_RATES.values():
                 if name in group and not pd.isna(best.get(name)):
                     row[f"chosen {name}"] = best[name]
+            if self.absolute:
+                row["lr tried"] = f"{group['lr'].min():g} to {group['lr'].max():g}"
+                row["at an edge"] = ", ".join(edges(group, self.chosen[method])) or "no"
             rows[method] = row
         return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def edges(group: "pd.DataFrame", chosen: Mapping[str, float]) -> list[str]:
+    """The rates of `chosen` that lie at the lowest or highest value tried for them in `group` (one method's
+    rows of a tuning grid), as ``"lr low"``, ``"offset_lr high"``..."""
+    out = []
+    for name, value in chosen.items():
+        tried = group[name].dropna()
+        if len(set(tried)) > 1 and value in (tried.min(), tried.max()):
+            out.append(f"{name} {'low' if value == tried.min() else 'high'}")
+    return out
+
+
+def beyond(values: list[float], side: str) -> float:
+    """The next rate past the `side` ("low" or "high") edge of a grid, one step of the grid's own rhythm
+    beyond it: the ratio two steps in from that edge (0.003, 0.01, 0.03 -> 0.001; 0.03, 0.1, 0.3 -> 1)."""
+    v = sorted(values)
+    if len(v) < 3:
+        ratio = v[-1] / v[0] if len(v) == 2 else 10.0
+    else:
+        ratio = v[2] / v[1] if side == "low" else v[-2] / v[-3]
+    return float(f"{(v[0] / ratio if side == 'low' else v[-1] * ratio):.6g}")
 
 
 def _default(config: RunConfig, name: str) -> float:
@@ -85,19 +129,25 @@ def _default(config: RunConfig, name: str) -> float:
     return float(params[name])
 
 
-def candidates(config: RunConfig, grid=GRID) -> list[dict[str, float]]:
+def candidates(config: RunConfig, grid=GRID, rates=None) -> list[dict[str, float]]:
     """The rates to try for the method of `config`: its paper rate times each factor of `grid`, paired with
-    its second rate's paper value times each of that rate's factors (:data:`SECOND_RATES`)."""
-    rates = [("lr", grid)] + ([SECOND_RATES[config.algorithm]] if config.algorithm in SECOND_RATES else [])
+    its second rate's paper value times each of that rate's factors (:data:`SECOND_RATES`); or, with `rates`,
+    those learning rates paired with the second rate's absolute grid (:data:`SECOND_RATE_GRIDS`)."""
+    if rates is not None:
+        axes = [("lr", tuple(rates))] + ([SECOND_RATE_GRIDS[config.algorithm]]
+                                         if config.algorithm in SECOND_RATE_GRIDS else [])
+    else:
+        axes = [(name, tuple(_default(config, name) * f for f in factors))
+                for name, factors in [("lr", grid)] + ([SECOND_RATES[config.algorithm]]
+                                                       if config.algorithm in SECOND_RATES else [])]
     out = [{}]
-    for name, factors in rates:
-        paper = _default(config, name)
-        out = [{**c, name: paper * f} for c in out for f in factors]
+    for name, values in axes:
+        out = [{**c, name: v} for c in out for v in values]
     return out
 
 
 def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int, seed: int = 0, grid=GRID,
-         validation: float = VALIDATION, metric: str = METRIC, **sweep_kwargs) -> Tuning:
+         validation: float = VALIDATION, metric: str = METRIC, rates=None, widen: int = 2, **sweep_kwargs) -> Tuning:
     """Tune every method of a benchmark on its validation split.
 
     Parameters
@@ -107,34 +157,57 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     methods : label -> the config changes that make the method (``{"algorithm": "fedprox"}``).
     rounds : rounds of every candidate run (fewer than the chapters').
     seed, grid, validation, metric : see the module docstring.
+    rates : the absolute grid (e.g. :data:`RATES`); None: the relative `grid`.
+    widen : with `rates`, how many times a rate chosen at an edge of the values tried is answered with the next
+        value beyond it.
     sweep_kwargs : for :func:`~fedlab_core.sweeps.sweep` (``max_workers``, ``cache_dir``...).
     """
     import pandas as pd
 
+    from .verdicts import score
+
     if base.lr is not None:
         raise ValueError(f"lr: a tuned benchmark leaves the rate to the tuning; got {base.lr!r}")
-    runs: list[tuple[str, dict[str, float], RunConfig]] = []
-    for label, changes in methods.items():
-        config = base.replace(**changes, num_rounds=rounds, eval_every=rounds, seed=seed, validation=validation)
-        for rates in candidates(config, grid):
-            runs.append((label, rates, _with_rates(config, rates)))
-    histories = sweep([c for _, _, c in runs], **sweep_kwargs)
-    rows = []
-    for (label, rates, config), history in zip(runs, histories):
-        score = history.final[metric]
-        rows.append({"method": label, **rates, "factor": rates["lr"] / _default(config.replace(lr=None), "lr"),
-                     "validation": math.nan if score is None else score, "seconds": history.meta["seconds"]})
-    grid_frame = pd.DataFrame(rows)
+    every = rounds if rates is None else max(1, rounds // EVALUATIONS)
+    configs = {label: base.replace(**changes, num_rounds=rounds, eval_every=every, seed=seed, validation=validation)
+               for label, changes in methods.items()}
+    todo = [(label, c) for label, config in configs.items() for c in candidates(config, grid, rates)]
+    rows: list[dict[str, Any]] = []
+    for _ in range(1 + (widen if rates is not None else 0)):
+        histories = sweep([_with_rates(configs[label], c) for label, c in todo], **sweep_kwargs)
+        for (label, c), history in zip(todo, histories):
+            value = history.final[metric] if rates is None else score(history, metric)
+            rows.append({"method": label, **c, "factor": c["lr"] / _default(configs[label].replace(lr=None), "lr"),
+                         "validation": math.nan if value is None else value, "seconds": history.meta["seconds"]})
+        frame = pd.DataFrame(rows)
+        chosen = _choose(frame)
+        if rates is None:
+            break
+        todo = []
+        for label, group in frame.groupby("method", sort=False):
+            for edge in edges(group, chosen[label]):
+                name, side = edge.split()
+                c = {**chosen[label], name: beyond(list(group[name].dropna().unique()), side)}
+                todo.append((label, c))
+        if not todo:
+            break
+    frame["chosen"] = [all(r[k] == chosen[r["method"]][k] for k in chosen[r["method"]]) for _, r in frame.iterrows()]
+    return Tuning(frame, chosen, rounds, seed, validation, absolute=rates is not None)
+
+
+def _choose(frame: "pd.DataFrame") -> dict[str, dict[str, float]]:
+    """Per method: the best validation score; ties go to the rate nearest the paper's (|log factor| smallest),
+    then the smaller rate."""
+    import pandas as pd
+
     chosen = {}
-    for label, group in grid_frame.groupby("method", sort=False):
-        # best score; ties go to the rate nearest the paper's (|log factor| smallest), then the smaller rate
+    names = ("lr", *dict.fromkeys(n for n, _ in (*SECOND_RATES.values(), *SECOND_RATE_GRIDS.values())))
+    for label, group in frame.groupby("method", sort=False):
         order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))))
         order = order.sort_values(["validation", "distance", "lr"], ascending=[False, True, True], na_position="last")
         best = order.iloc[0]
-        chosen[label] = {name: float(best[name]) for name in ("lr", *(n for n, _ in SECOND_RATES.values())) if name in group
-                         and not pd.isna(best[name])}
-    grid_frame["chosen"] = [all(r[k] == chosen[r["method"]][k] for k in chosen[r["method"]]) for _, r in grid_frame.iterrows()]
-    return Tuning(grid_frame, chosen, rounds, seed, validation)
+        chosen[label] = {name: float(best[name]) for name in names if name in group and not pd.isna(best[name])}
+    return chosen
 
 
 def _with_rates(config: RunConfig, rates: Mapping[str, float]) -> RunConfig:

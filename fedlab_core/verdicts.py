@@ -4,7 +4,9 @@ Every verdict in the book comes from this module; none is typed by hand.
 
 **The score.** A run is scored at convergence, not on its last noisy round: by default the mean of the
 metric over the last fifth of its evaluated rounds (:data:`LAST_FIFTH`); a paper's own protocol where it
-states one, named in the verdict (:data:`BEST_ROUND`: the best evaluated round, DisTrans's Tables 5-6).
+states one, named in the verdict (:data:`BEST_ROUND`: the best evaluated round, DisTrans's Tables 5-6;
+:data:`BEST_VALIDATION`: each client's test accuracy at its best round on a validation set held out of its
+training data, FRAug's authors' code, for runs with ``RunConfig.validation_monitor``).
 
 **The convergence test** (:func:`plateaued`), per seed: a line fitted by least squares to the last third of
 the evaluated rounds (at least three of them, and at least :data:`MIN_EVALUATIONS` evaluated rounds in
@@ -62,7 +64,8 @@ SIMULATIONS = 20_000     # simulated claims per rate printed by rule()
 
 LAST_FIFTH = "mean of the last fifth of evaluated rounds"
 BEST_ROUND = "best evaluated round"
-SCORES = (LAST_FIFTH, BEST_ROUND)
+BEST_VALIDATION = "each client's best round on validation"
+SCORES = (LAST_FIFTH, BEST_ROUND, BEST_VALIDATION)
 
 HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
 REVERSED, NO_DIFFERENCE = "reversed", "no difference"
@@ -358,13 +361,32 @@ def _diverged(h: "History", metric: str) -> bool:
     return final is None or math.isnan(float(final))
 
 
+def best_on_validation(h: "History", metric: str = "mean_client_accuracy") -> float:
+    """The mean over clients of each client's test accuracy at its best validation round (see :func:`score`)."""
+    if metric != "mean_client_accuracy":
+        raise ValueError(f"metric: the best-validation-round score is a client accuracy; got {metric!r}")
+    rows = [r for r in h.rounds if r.get("client_validation_accuracy") is not None]
+    if not rows:
+        raise ValueError(f"protocol: {BEST_VALIDATION!r} needs a run with validation_monitor > 0; "
+                         f"run {h.config.get('algorithm')!r} seed {h.config.get('seed')} has no validation scores")
+    val = np.array([r["client_validation_accuracy"] for r in rows], dtype=float)   # (rounds, clients)
+    test = np.array([r["client_accuracy"] for r in rows], dtype=float)
+    best = np.nanargmax(np.where(np.isnan(val), -np.inf, val), axis=0)               # (clients,)
+    picked = test[best, np.arange(test.shape[1])]
+    return float(np.nanmean(picked))
+
+
 def score(h: "History", metric: str = "mean_client_accuracy", protocol: str = LAST_FIFTH) -> float:
-    """One run's score: the mean of `metric` over the last fifth of its evaluated rounds (at least one), or
-    its best evaluated round (:data:`BEST_ROUND`); NaN for a run that diverged."""
+    """One run's score: the mean of `metric` over the last fifth of its evaluated rounds (at least one), its
+    best evaluated round (:data:`BEST_ROUND`), or (:data:`BEST_VALIDATION`, client accuracy only) the mean over
+    clients of each client's test accuracy at the evaluated round where its validation accuracy was highest
+    (the first such round); NaN for a run that diverged."""
     if protocol not in SCORES:
         raise ValueError(f"protocol: unknown value {protocol!r}; allowed: {', '.join(SCORES)}")
     if _diverged(h, metric):
         return math.nan
+    if protocol == BEST_VALIDATION:
+        return best_on_validation(h, metric)
     values = list(curve(h, metric).values())
     if not values:
         return math.nan

@@ -7,7 +7,7 @@ import torch
 
 from fedlab_core import runs as runs_module
 from fedlab_core import store
-from fedlab_core.runs import rerun, run, trained
+from fedlab_core.runs import RunConfig, rerun, run, trained
 from fedlab_core.store import Archive, verify
 
 CPU = torch.device("cpu")
@@ -25,12 +25,33 @@ def test_runs_enter_the_archive_only_when_writing_is_on(tiny, tmp_path, archive,
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     first = run(tiny, cache_dir=tmp_path / "cache", workers=1)         # a cache hit is archived too
     [(key, stored)] = list(archive.entries())
-    assert key == store.archive_key(tiny, CPU) == store.archive_key(stored.config, "cpu") and stored.rounds == first.rounds
+    assert key == store.archive_key(tiny, CPU) == store.archive_key(RunConfig(**stored.config), "cpu")
+    assert stored.rounds == first.rounds
     assert stored.meta["code_version"] == store.code_version() and stored.meta["cpu"] == store.cpu_model()
     # an archived run is read, not recomputed, whatever the cache holds
     monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
     again = run(tiny, cache_dir=tmp_path / "empty", workers=1)
     assert again.rounds == first.rounds and again.final == first.final
+
+
+def test_a_field_added_to_the_config_later_at_its_default_keeps_the_archives_key_and_entry(tiny, tmp_path, archive,
+                                                                                             monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    first = run(tiny, cache_dir=tmp_path, workers=1)
+    [(key, _)] = list(archive.entries())
+    assert "validation" not in store.settings(tiny) and store.settings(tiny)["dataset"] == tiny.dataset
+    assert store.archive_key(tiny.replace(validation=0.2), CPU) != key   # a field off its default names the run
+    # an entry written before a field existed: its stored config lacks the field, at its default today
+    path = archive.folder / f"{key}.json"
+    doc = json.loads(path.read_text())
+    del doc["config"]["validation"]
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
+    assert run(tiny, cache_dir=tmp_path / "empty", workers=1).rounds == first.rounds
+    doc["config"]["seed"] = 7                                            # another run's config: refused
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="another run's config"):
+        run(tiny, cache_dir=tmp_path / "empty", workers=1)
 
 
 def test_use_cache_false_ignores_the_archive(tiny, tmp_path, archive, monkeypatch):

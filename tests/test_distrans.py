@@ -252,8 +252,8 @@ def test_none_aggregation_keeps_offsets_home(iid):
     assert up2.nbytes - upload.nbytes == 8 * 8 * 4  # the offset's float32 bytes
 
 
-def test_nn_aggregation_learns_the_regression_and_answers_each_client(iid):
-    algo = DisTrans(aggregation="nn", server_lr=0.005)
+def test_nn_with_offset_input_learns_the_regression_and_answers_each_client(iid):
+    algo = DisTrans(aggregation="nn", server_lr=0.005, nn_input="class+offset")
     server, _ = _ready(algo, iid)
     g = torch.Generator().manual_seed(1)
     counts = [torch.tensor([3.0, 1.0] + [0.0] * 8), torch.tensor([1.0, 1.0] + [0.0] * 8)]
@@ -291,15 +291,76 @@ def test_nn_plus_no_switches_on_the_splits_dh(digits):
 
 
 def test_offset_network_output_shape_and_zero_start():
-    net = OffsetNetwork(10, (3, 6, 6))
+    net = OffsetNetwork(10, (3, 6, 6), with_offset=True)
     t = torch.rand(4, 3, 6, 6)
     out = net(torch.rand(4, 10), t)
     assert out.shape == (4, 3, 6, 6) and torch.equal(out, t)
 
 
+def test_the_class_vector_network_depends_on_the_class_vector_alone():
+    torch.manual_seed(0)
+    net = OffsetNetwork(10, (3, 6, 6))
+    e = torch.eye(10)[:4]
+    out = net(e)
+    assert out.shape == (4, 3, 6, 6)
+    assert not torch.allclose(out[0], out[1])           # different class vectors, different offsets
+    assert torch.equal(net(e[:1].repeat(2, 1))[0], net(e[:1].repeat(2, 1))[1])
+
+
+def test_nn_on_the_class_vector_moves_towards_the_clients_offsets_and_answers_by_class(iid):
+    algo = DisTrans(aggregation="nn")
+    server, _ = _ready(algo, iid)
+    counts = [torch.tensor([3.0, 1.0] + [0.0] * 8), torch.tensor([0.0, 1.0] + [1.0] * 8)]
+    targets = [torch.full((1, 8, 8), 0.2), torch.full((1, 8, 8), 0.9)]
+    e = torch.stack(counts) / torch.stack(counts).sum(0).clamp(min=1)
+
+    def distance(s):  # the regression loss sum_i ||t_i - g(e_i)|| under network s
+        algo.net_state.set(s["net"])
+        with torch.no_grad():
+            return (torch.stack(targets) - algo.net(e)).flatten(1).norm(dim=1).sum().item()
+
+    state, before = server, distance(server)
+    for r in range(1, 4):  # the first round already trains: no earlier answer is needed
+        state = algo.aggregate(state, [_upload(0, targets[0], counts[0]), _upload(1, targets[1], counts[1])], r)
+        assert distance(state) < before
+        before = distance(state)
+    algo.net_state.set(state["net"])
+    with torch.no_grad():
+        assert torch.allclose(state["sent"][:2], algo.net(e), atol=1e-6)  # the answer is g(e_i), not the upload
+    assert not torch.allclose(state["sent"][0], targets[0], atol=1e-3)
+    assert not torch.allclose(state["sent"][0], state["sent"][1])
+
+
+@pytest.mark.parametrize("aggregation", ["avg", "nn"])
+def test_a_client_tests_with_the_offset_the_server_sent_unless_told_local(iid, aggregation):
+    x = iid.x_test[:20]
+    outputs = {}
+    for test_offset in ("sent", "local"):
+        algo = DisTrans(Training(local_steps=2), aggregation=aggregation, test_offset=test_offset)
+        server, clients = _ready(algo, iid)
+        uploads = []
+        for cid in (0, 1):
+            upload, clients[cid] = algo.local_update(algo.server_message(server, cid), clients[cid],
+                                                     iid.clients[cid], torch.Generator().manual_seed(cid))
+            uploads.append((cid, upload))
+        server = algo.aggregate(server, uploads, 1)
+        sent = algo.server_message(server, 1).tensors["offset"]
+        expected = sent if test_offset == "sent" else clients[1]["offset"]
+        assert not torch.allclose(sent, clients[1]["offset"])
+        algo.load(server["weights"], clients[1])
+        algo.model.eval().offset = expected
+        with torch.no_grad():
+            reference = algo.model(x)
+        algo.model.offset = None
+        outputs[test_offset] = algo.predict(server, clients[1], x)
+        assert torch.allclose(outputs[test_offset], reference)
+    assert not torch.allclose(outputs["sent"], outputs["local"])
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(aggregation="mean"), "aggregation"), (dict(alpha=1.5), "alpha"), (dict(offset_lr=-1.0), "offset_lr"),
-    (dict(channels=3), "channels"), (dict(head="mlp"), "head")])
+    (dict(channels=3), "channels"), (dict(head="mlp"), "head"), (dict(nn_input="offset"), "nn_input"),
+    (dict(test_offset="global"), "test_offset")])
 def test_bad_settings_are_rejected(iid, kwargs, match):
     with pytest.raises(ValueError, match=match):
         _ready(DisTrans(**kwargs), iid)

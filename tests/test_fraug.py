@@ -36,7 +36,7 @@ def _ready(algo=None, round_idx=1, cid=0):
     a.gen_state.set(state.server["generator"])
     a.rt_state.set(state.clients[cid]["rtnet"])
     a._prototypes = state.clients[cid]["prototypes"].clone()
-    a._lam, a._w_real, a._w_syn = a.weights(round_idx)
+    a._lam, *a._loss_weights = a.weights(round_idx)
     a._aux_opt = torch.optim.SGD([*a.generator.parameters(), *a.rtnet.parameters()], lr=a.aux_lr, momentum=0.5)
     a._rng, a._mmd = client_generator(0, round_idx, cid), []
     data = sim.federation.clients[cid]
@@ -80,20 +80,33 @@ def test_entropy_is_log_classes_for_uniform_logits_and_zero_for_certain_ones():
 
 
 def test_schedule_by_hand():
-    paper = FRAug(gamma=0.1)
+    paper = FRAug(gamma=0.1, ramp_rounds=0)   # the code's formula, unscaled
     paper.num_rounds = 10
-    assert paper.weights(10) == (1.0, 1.0, 1.0)                             # lam reaches 1 at the last round
-    assert paper.weights(4) == pytest.approx((math.exp(-0.6), 1.0, 1.0))   # losses added (Eq. 1)
-    code = FRAug(gamma=0.1, variant="code")
+    assert paper.weights(10) == (1.0, 1.0, 1.0, 1.0)                             # lam reaches 1 at the last round
+    assert paper.weights(4) == pytest.approx((math.exp(-0.6), 1.0, 1.0, 1.0))   # losses added (Eq. 1)
+    code = FRAug(gamma=0.1, variant="code", ramp_rounds=0)
     code.num_rounds = 10
-    assert code.weights(4) == pytest.approx((math.exp(-0.6), 0.5, 0.5))    # Lr = min(0.5, 0.549) = 0.5
-    assert code.weights(1) == pytest.approx((math.exp(-0.9), 1 - math.exp(-0.9), math.exp(-0.9)))
+    assert code.weights(4) == pytest.approx((math.exp(-0.6), 0.5, 0.25, 0.25))  # Lr = min(0.5, 0.549), halved
+    assert code.weights(1) == pytest.approx((math.exp(-0.9), 1 - math.exp(-0.9), *[math.exp(-0.9) / 2] * 2))
     flat = FRAug(gamma=0.1, smoothing=False)
     flat.num_rounds = 10
-    assert flat.weights(1) == (1.0, 1.0, 1.0)
-    digits = FRAug(gamma=0.002, variant="code")   # the code's Digits run: Lr stays at 0.5 for all 300 rounds
+    assert flat.weights(1) == (1.0, 1.0, 1.0, 1.0)
+    digits = FRAug(gamma=0.002, variant="code")   # the code's Digits run: 0.5 : 0.25 : 0.25 for all 300 rounds
     digits.num_rounds = 300
-    assert {digits.weights(r)[2] for r in (1, 150, 300)} == {0.5}
+    assert {digits.weights(r)[1:] for r in (1, 150, 300)} == {(0.5, 0.25, 0.25)}
+    fixed = FRAug(loss_weights=(0.5, 0.25, 0.25))  # the code's Digits balance with the paper's other choices
+    fixed.num_rounds = 10
+    assert fixed.weights(3)[1:] == (0.5, 0.25, 0.25)
+
+
+def test_the_scaled_schedule_has_the_codes_300_round_shape_over_any_run_length():
+    code_run, short, unscaled = FRAug(gamma=0.01), FRAug(gamma=0.01), FRAug(gamma=0.01, ramp_rounds=0)
+    code_run.num_rounds, short.num_rounds, unscaled.num_rounds = 300, 30, 30
+    lam = lambda a, r: a.weights(r)[0]
+    assert lam(code_run, 300) == lam(short, 30) == 1.0                  # both end at 1
+    assert lam(short, 0) == pytest.approx(math.exp(-3.0)) == lam(code_run, 0)   # both start near 0.05
+    assert lam(short, 15) == pytest.approx(lam(code_run, 150))          # the same value half way
+    assert lam(unscaled, 0) == pytest.approx(math.exp(-0.3))            # unscaled over 30 rounds: 0.74 to 1
 
 
 def test_prototypes_are_the_ema_of_the_batch_class_means_and_absent_classes_keep_theirs():
@@ -116,12 +129,12 @@ def test_prototypes_are_the_ema_of_the_batch_class_means_and_absent_classes_keep
 
 def test_the_synthetic_loss_trains_only_the_head():
     a, _, x, y = _ready()
-    a._w_real = 0.0   # the model's loss is the synthetic part alone
+    a._loss_weights = [0.0, 1.0, 1.0]   # the model's loss is the synthetic part alone
     before = {n: p.detach().clone() for n, p in a.model.named_parameters()}
     a.model_step(x, y, torch.optim.SGD(a.model.parameters(), lr=0.5))
     moved = {n for n, p in a.model.named_parameters() if not torch.equal(p, before[n])}
     assert moved == {"head.weight", "head.bias"}
-    a._w_real = 1.0
+    a._loss_weights = [1.0, 1.0, 1.0]
     a.model_step(x, y, torch.optim.SGD(a.model.parameters(), lr=0.5))
     assert {n for n, p in a.model.named_parameters() if not torch.equal(p, before[n])} > moved
 
@@ -144,6 +157,37 @@ def test_without_rtnet_only_the_generator_learns():
     _, u = a.model_step(x, y, torch.optim.SGD(a.model.parameters(), lr=0.1))
     a.auxiliary_step(u, y)
     assert not _changed(rt, a.rtnet)
+
+
+def test_generator_only_trains_the_head_on_the_generators_embeddings_themselves():
+    a, _, x, y = _ready(FRAug(Training(lr=0.1), rtnet=False))
+    a.generator.eval()
+    with torch.no_grad():
+        u = a.model.features(x)
+        rng_state = a._rng.get_state()
+        s = a.synthetic(u, y)
+        a._rng.set_state(rng_state)
+        v = a.generator(a.draw(len(y)), y)
+        torch.randint(10, (1,), generator=a._rng)       # the class-balanced labels' start
+        v_c = a.generator(a.draw(len(y)), s["y_c"])
+    assert torch.equal(s["u_hat"], v)                    # not u + lam v: the client-agnostic embedding itself
+    assert not torch.allclose(s["u_hat"], u + a._lam * v)
+    assert torch.equal(s["u_hat_c"], v_c)                # and no prototype anchor
+
+
+def test_keeping_the_optimiser_carries_momentum_into_the_next_round():
+    def two_rounds(keep):
+        a, state, _, _ = _ready(FRAug(Training(lr=0.1, momentum=0.5, local_steps=3), keep_optimizer=keep))
+        client = state.clients[0]
+        for r in (1, 2):
+            msg = dataclasses.replace(a.server_message(state.server, 0), metrics={"round": r})
+            up, client = a.local_update(msg, client, a.federation.clients[0], client_generator(0, r, 0))
+        return up.tensors, client
+
+    (fresh, fresh_state), (kept, kept_state) = two_rounds(False), two_rounds(True)
+    assert "momentum" not in fresh_state
+    assert kept_state["momentum"]["model"].abs().sum() > 0 and kept_state["momentum"]["aux"].abs().sum() > 0
+    assert not torch.equal(fresh["weights"], kept["weights"])   # round 2 starts with round 1's momentum
 
 
 def test_each_auxiliary_network_follows_the_gradient_of_its_own_loss():
@@ -257,7 +301,8 @@ def test_the_same_numbers_whatever_the_worker_count():
 
 @pytest.mark.parametrize("name,value", [("alpha", 3.0), ("beta", 3.0), ("latent", 7), ("aux_lr", 0.2), ("gamma", 0.5),
                                         ("variant", "code"), ("smoothing", False), ("rtnet", False),
-                                        ("prototypes", False), ("ema", 0.9)])
+                                        ("prototypes", False), ("ema", 0.9), ("ramp_rounds", 0),
+                                        ("loss_weights", (0.5, 0.25, 0.25))])
 def test_every_parameter_changes_what_a_client_uploads(name, value):
     def upload(**params):
         a, state, _, _ = _ready(FRAug(Training(lr=0.1, local_steps=3), **params), round_idx=2)

@@ -19,7 +19,7 @@ from fedlab_core.models import (
 
 SMALL_SHAPES = [(1, 28, 28), (3, 28, 28), (3, 32, 32)]
 BIG_SHAPES = [(3, 64, 64), (1, 64, 64)]
-CASES = [(name, shape) for name in ("lenet5", "digit", "ot_cnn", "ot_resnet", "mlp", "resnet18") for shape in SMALL_SHAPES]
+CASES = [(name, shape) for name in ("lenet5", "lenet5_bnfc", "digit", "ot_cnn", "ot_resnet", "mlp", "resnet18") for shape in SMALL_SHAPES]
 CASES += [("alexnet_bn", shape) for shape in BIG_SHAPES] + [("resnet18", (3, 64, 64))]
 NUM_CLASSES = 7
 
@@ -41,6 +41,22 @@ def test_forward_shapes_and_split(name, shape):
 
 def test_lenet5_parameter_count():
     assert count_parameters(LeNet5(in_channels=1, num_classes=10, image_size=28)) == 61_706
+
+
+def test_lenet5_bnfc_features_end_with_batch_norm_and_relu_and_the_plain_variants_keep_their_weights():
+    torch.manual_seed(0)
+    model = build_model("lenet5_bnfc", (1, 28, 28), 10).train()
+    z = model.features(torch.randn(64, 1, 28, 28))
+    assert (z >= 0).all()
+    # batch norm before the last ReLU: each feature's pre-activation is standardised over the batch
+    pre = model.bn2(model.fc2(torch.relu(model.bn1(model.fc1(model.conv(torch.randn(64, 1, 28, 28)).flatten(1))))))
+    assert pre.mean(0).abs().max() < 1e-5
+    assert count_parameters(model) == count_parameters(build_model("lenet5_bn", (1, 28, 28), 10)) + 2 * (120 + 84)
+    torch.manual_seed(3)
+    plain = LeNet5()
+    torch.manual_seed(3)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), LeNet5(dense_norm=False).state_dict().values()))
+    assert list(plain.state_dict()) == list(LeNet5().state_dict())  # no new entries in the plain model
 
 
 def test_otcnn_parameter_count():
@@ -148,7 +164,7 @@ def test_alexnet_minimum_size():
 
 
 def test_models_have_no_dropout():
-    for name in ("lenet5", "digit", "ot_cnn", "ot_resnet", "mlp"):
+    for name in ("lenet5", "lenet5_bnfc", "digit", "ot_cnn", "ot_resnet", "mlp"):
         model = build_model(name, (3, 32, 32), 10)
         assert not any(isinstance(m, nn.Dropout) for m in model.modules())
 

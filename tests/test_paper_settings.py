@@ -9,7 +9,9 @@ from fedlab_core.algorithms.fedaws import FedAwS, spreadout_step
 from fedlab_core.data import federate, hold_out, load_dataset
 from fedlab_core.models import MODELS, build_model, meta_model
 from fedlab_core.runs import build
-from fedlab_core.tuning import SECOND_RATES, Tuning, candidates, settings_table, tune, tuned_configs
+from fedlab_core.store import History
+from fedlab_core.tuning import (RATES, SECOND_RATE_GRIDS, SECOND_RATES, Tuning, beyond, candidates, settings_table,
+                                  tune, tuned_configs)
 
 CPU = torch.device("cpu")
 
@@ -107,6 +109,26 @@ def test_a_run_with_validation_is_evaluated_on_the_held_out_data(tiny):
     assert history.meta["samples"]["train"] + history.meta["samples"]["test"] == 1347
 
 
+def test_a_monitored_validation_set_is_held_out_scored_every_evaluation_and_leaves_the_test_set(tiny):
+    fed = federate(load_dataset("digits"), "iid", 4, seed=0)
+    held = hold_out(fed, 0.25, seed=3, keep_test=True)
+    for before, after in zip(fed.clients, held.clients):
+        assert torch.equal(after.y_test, before.y_test)                      # the test set stays
+        assert after.num_train + len(after.y_val) == before.num_train
+        train_rows = {tuple(r.tolist()) for r in after.x_train.flatten(1)}
+        assert not any(tuple(r.tolist()) in train_rows for r in after.x_val.flatten(1))
+    assert torch.equal(held.y_test, fed.y_test) and held.class_counts.sum() < fed.class_counts.sum()
+    history = run(tiny.replace(validation_monitor=0.2, eval_every=1), use_cache=False, progress=False)
+    plain = run(tiny.replace(eval_every=1), use_cache=False, progress=False)
+    assert history.meta["samples"]["test"] == plain.meta["samples"]["test"]
+    for row in history.rounds:
+        assert len(row["client_validation_accuracy"]) == 4
+        assert all(0 <= a <= 1 for a in row["client_validation_accuracy"])
+    assert "client_validation_accuracy" not in plain.rounds[0]
+    with pytest.raises(ValueError, match="^validation_monitor: must be 0 when validation"):
+        tiny.replace(validation=0.2, validation_monitor=0.2)
+
+
 # ------------------------------------------------------------------------------------------ the tuning
 
 def test_candidates_multiply_the_paper_rates_and_pair_a_second_rate():
@@ -136,6 +158,57 @@ def test_tune_picks_the_best_validation_score_on_validation_data_only(tiny, tmp_
         list(grid.loc[grid["method"] == "fedavg", "validation"]))
     with pytest.raises(ValueError, match="^lr: a tuned benchmark"):
         tune(tiny, {"fedavg": {}}, rounds=2)
+
+
+def test_the_absolute_grid_gives_every_method_the_same_rates_and_pairs_the_second_rates_grid():
+    assert [c["lr"] for c in candidates(RunConfig(algorithm="fedprox"), rates=RATES)] == list(RATES)
+    assert [c["lr"] for c in candidates(RunConfig(algorithm="moon"), rates=RATES)] == list(RATES)
+    pairs = candidates(RunConfig(algorithm="distrans"), rates=(0.01, 0.1))
+    assert pairs == [{"lr": lr, "offset_lr": o} for lr in (0.01, 0.1) for o in SECOND_RATE_GRIDS["distrans"][1]]
+    assert RATES == (0.003, 0.01, 0.03, 0.1, 0.3)
+
+
+def test_beyond_steps_past_an_edge_in_the_grids_own_rhythm():
+    assert beyond(list(RATES), "low") == 0.001 and beyond(list(RATES), "high") == 1.0
+    assert beyond([0.001, 0.003, 0.01], "low") == 0.0003
+    assert beyond([0.01, 0.1, 1.0, 10.0], "high") == 100.0
+    assert beyond([0.01, 0.1], "high") == 1.0
+
+
+def _scored_by(monkeypatch, score_of):
+    """Make the tuning's sweep return, for each config, a run of five evaluated rounds all at score_of(config)."""
+    from fedlab_core import tuning as tuning_module
+
+    def fake(configs, **kwargs):
+        return [History(c.to_dict(), [{"round": r, "mean_client_accuracy": score_of(c)} for r in range(1, 6)],
+                        {"mean_client_accuracy": score_of(c)}, {"seconds": 1.0}) for c in configs]
+    monkeypatch.setattr(tuning_module, "sweep", fake)
+
+
+def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(monkeypatch, tiny):
+    import math
+
+    _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 3.0)))      # best at lr 3, far above the grid
+    t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1), widen=2)
+    assert sorted(t.grid["lr"]) == [0.01, 0.03, 0.1, 0.3, 1.0]           # widened twice, then stopped
+    assert t.chosen["fedavg"]["lr"] == 1.0 and t.table().loc["fedavg", "at an edge"] == "lr high"
+    _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 0.3)))      # best at 0.3: one step beyond is enough
+    t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1), widen=3)
+    assert sorted(t.grid["lr"]) == [0.01, 0.03, 0.1, 0.3, 1.0] and t.chosen["fedavg"]["lr"] == 0.3
+    assert t.table().loc["fedavg", "at an edge"] == "no" and t.table().loc["fedavg", "lr tried"] == "0.01 to 1"
+    _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 0.03)) - abs(math.log10(c.algorithm_params["offset_lr"])))
+    t = tune(tiny.replace(lr=None), {"distrans": {"algorithm": "distrans"}}, rounds=10, rates=(0.01, 0.03, 0.1))
+    assert t.chosen["distrans"] == {"lr": 0.03, "offset_lr": 1.0}        # the second rate's grid, inside its edges
+
+
+def test_the_absolute_grid_scores_the_last_fifth_of_ten_evaluations(tiny, tmp_path):
+    from fedlab_core.verdicts import score
+
+    t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.03, 0.1), widen=0, max_workers=1,
+             cache_dir=tmp_path)
+    again = run(tiny.replace(num_rounds=10, eval_every=1, validation=0.2, seed=0, lr=0.1), cache_dir=tmp_path)
+    assert len([r for r in again.rounds if r["mean_client_accuracy"] is not None]) == 10
+    assert t.grid.set_index("lr").loc[0.1, "validation"] == pytest.approx(score(again))
 
 
 def test_ties_go_to_the_rate_nearest_the_papers(monkeypatch, tiny):

@@ -1,9 +1,10 @@
-"""The training transform of FedRDN's code: flips and rotations, per image, from the client's stream."""
+"""The training transforms of the authors' code: FedRDN's flips and rotations, FRAug's crops and colour jitter, per
+image, from the client's stream."""
 import pytest
 import torch
 
 from fedlab_core import RunConfig
-from fedlab_core.data.transforms import flip_rotate
+from fedlab_core.data.transforms import crop_jitter_gray, flip_rotate
 from fedlab_core.runs import run
 from fedlab_core.tuning import settings_table
 
@@ -55,3 +56,31 @@ def test_same_stream_same_batch_and_a_run_changes_with_the_transform():
                                                         ).loc["x", "local work per round"]
     with pytest.raises(ValueError, match="^train_transform:"):
         base.replace(train_transform="mirror")
+
+
+# ------------------------------------------------------------------------ FRAug's Digits pipeline
+
+
+def test_crop_jitter_gray_draws_per_image_stays_in_range_and_repeats_from_the_stream():
+    torch.manual_seed(0)
+    x = torch.rand(32, 3, 12, 12)
+    a = crop_jitter_gray(x, torch.Generator().manual_seed(5))
+    assert torch.equal(a, crop_jitter_gray(x, torch.Generator().manual_seed(5)))
+    assert a.shape == x.shape and a.min() >= 0 and a.max() <= 1
+    same = x[:1].expand(32, 3, 12, 12)
+    out = crop_jitter_gray(same, torch.Generator().manual_seed(6))
+    assert len({tuple(o.flatten()[:5].tolist()) for o in out}) == 32   # every image its own draws
+    gray = [torch.equal(o[0], o[1]) and torch.equal(o[1], o[2]) for o in crop_jitter_gray(
+        torch.rand(400, 3, 4, 4), torch.Generator().manual_seed(7))]
+    assert 20 < sum(gray) < 65                                          # grayscale with probability 0.1
+
+
+def test_crop_jitter_gray_without_jitter_only_crops_to_at_least_70_percent_of_the_area():
+    x = torch.zeros(64, 1, 20, 20)
+    x[:, :, 9:11, 9:11] = 1.0   # a bright centre: a crop that keeps 70% or more of the area keeps it
+    out = crop_jitter_gray(x, torch.Generator().manual_seed(8), jitter=0.0, gray=0.0)
+    mass = out.sum((1, 2, 3))
+    assert (mass > 3.5).all() and (mass < 6.0).all()   # 4 pixels, magnified by at most 1 / 0.7
+    assert (mass > 4.05).any()                          # some images are magnified
+    assert "crop and jitter and gray" in settings_table(
+        {"x": RunConfig(dataset="digits", train_transform="crop_jitter_gray")}).loc["x", "local work per round"]

@@ -8,7 +8,7 @@ import pytest
 from fedlab_core import RunConfig
 from fedlab_core import verdicts
 from fedlab_core.store import History
-from fedlab_core.verdicts import (BEST_ROUND, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, converged,
+from fedlab_core.verdicts import (BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, converged,
                                   error_rates, number, order, plateau_rise, plateaued, runs_converged, score,
                                   seed_values)
 
@@ -232,6 +232,18 @@ def test_the_score_is_the_mean_of_the_last_fifth_of_evaluated_rounds():
     with pytest.raises(ValueError, match="protocol"):
         score(h, protocol="final")
     assert LAST_FIFTH in verdicts.SCORES
+
+
+def test_the_best_validation_round_picks_each_clients_test_accuracy_where_its_validation_peaks():
+    val = [[0.5, 0.9, 0.4], [0.7, 0.8, 0.6], [0.7, 0.1, float("nan")]]    # rounds x clients
+    test = [[0.50, 0.95, 0.30], [0.60, 0.80, 0.70], [0.90, 0.10, 0.20]]
+    rounds = [{"round": r + 1, "mean_client_accuracy": float(np.mean(t)), "client_accuracy": t,
+               "client_validation_accuracy": v} for r, (v, t) in enumerate(zip(val, test))]
+    h = History(RunConfig().to_dict(), rounds, {"mean_client_accuracy": 0.4}, {})
+    # client 0 peaks first in round 2 (ties keep the first), client 1 in round 1, client 2 in round 2
+    assert score(h, protocol=BEST_VALIDATION) == pytest.approx((0.60 + 0.95 + 0.70) / 3)
+    with pytest.raises(ValueError, match="validation_monitor"):
+        score(_history(0, [0.5, 0.6]), protocol=BEST_VALIDATION)
 
 
 def test_runs_are_paired_by_seed_scored_at_convergence_and_must_all_converge():

@@ -26,22 +26,37 @@ How it differs from FedAvg
   ``nn`` (a server network, below) or ``nn+no`` (default): ``nn`` when the split's DH is below
   ``dh_threshold`` (0.5), ``none`` otherwise. Offsets travel only when the server uses them, and their
   bytes are counted; ``nn`` also uploads the client's class counts (10 floats for 10 classes).
-- ``predict`` for a client adds that client's own offset (the one it trained last). The global test
-  set has no client; it is scored with the mean of the clients' offsets, an evaluator's view that the
-  paper does not define. The paper's metric is the client accuracy.
+- ``predict`` for a client adds the offset the client holds when training ends (``test_offset``). The
+  paper's Algorithm 1 ends with the server updating every client's offset by the aggregation and outputs
+  those offsets; its text: "each client adds its personalized offset to each testing input". The
+  authors' code likewise sets the server's aggregated offset on each client before evaluating. So the
+  default, ``"sent"``, is the offset the server sends after the last round: the global mean under
+  ``avg`` ("the same global offset for all clients", Section 4.4), the network's answer under ``nn``, the
+  client's own under ``none``. ``"local"`` is the offset the client trained itself in its last round,
+  under every aggregation. The global test set has no client; it is scored with the mean of the
+  clients' test offsets, an evaluator's view that the paper does not define. The paper's metric is the
+  client accuracy.
 
 The offset network (``nn``)
 ---------------------------
 The server maps a client's class vector ``e_i`` (entry j: the fraction of class j's training samples
-that sit on client i, from the uploaded counts) and its offset to an aggregated offset ``t'_i``.
-Each round it takes one SGD step (lr ``server_lr``) on ``sum_i ||t_i - g(e_i, t_i^prev)||_2`` over the
-round's clients (the paper's regression between a client's new offset and what the server sent it
-last round; the authors' code steps once per client instead), then sends ``t'_i = g(e_i, t_i)``.
-Architecture (the paper: "a single-input-channel generator with four convolutional layers"; its code
-uses a larger DCGAN-style generator from ``e`` alone): ``e`` -> Linear(N, 100) -> ReLU -> Linear(100, H*W)
-gives one map, stacked with the offset's channels; four 3x3 convolutions (16 channels, ReLU between)
-give a correction that is added to the offset. The last convolution starts at zero, so an untrained
-network passes offsets through unchanged (the paper does not say how it starts; this is our choice).
+that sit on client i, from the uploaded counts) to an aggregated offset ``t'_i``. Each round it takes
+one SGD step (lr ``server_lr``) on the regression ``sum_i ||t_i - t'_i||_2`` over the round's clients
+(the authors' code steps once per client instead), then sends each of them its new answer.
+Two forms (``nn_input``):
+
+- ``"class"`` (default): ``t'_i = g(e_i)``, a network of the class vector alone, as the authors' code
+  (``hyperMACFed.py``) has it and as the paper's architecture sentence reads ("a single-input-channel
+  generator with four convolutional layers"). ``e`` -> Linear(N, 100) -> ReLU -> Linear(100, H*W) gives
+  one map, the single input channel; four 3x3 convolutions (16 channels, ReLU between) give the offset.
+  Clients with similar class vectors get similar offsets, and the network moves wherever the clients'
+  offsets pull it. (The code's generator is a larger DCGAN-style one.)
+- ``"class+offset"``: the paper's text, which also feeds the network "a client's offset": ``t'_i =
+  g(e_i, t_i)``, the map stacked with the offset's channels, the convolutions' output added to the
+  offset, the last convolution starting at zero, and the regression on ``||t_i - g(e_i, t_i^prev)||``
+  against what the server sent last round. Starting from the identity, one step a round leaves it
+  there in practice: at the book's scale it sends each client back its own offset, so it behaves as
+  ``none``.
 
 How far the offsets move: each upload carries the diagnostic ``offset_change`` (for the log, not counted as
 communication), the relative distance of the client's offset from its initial noise, ``||t - t0|| / ||t0||``;
@@ -68,6 +83,8 @@ from ..params import OneOf, Range
 from .base import Algorithm, FlatState, Message, Training, weighted_mean
 
 AGGREGATIONS = ("none", "avg", "nn", "nn+no")
+NN_INPUTS = ("class", "class+offset")
+TEST_OFFSETS = ("sent", "local")
 
 
 def shift(x: torch.Tensor, t: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,25 +148,30 @@ class DoubleChannel(nn.Module):
 
 
 class OffsetNetwork(nn.Module):
-    """g(e, t): a client's class vector e (N,) and offset t (C, H, W) to an aggregated offset (C, H, W)."""
+    """g(e) or g(e, t): a client's class vector e (N,), and with ``with_offset`` its offset t (C, H, W), to an
+    aggregated offset (C, H, W); see the module doc."""
 
-    def __init__(self, num_classes: int, shape: tuple[int, int, int], hidden: int = 100, width: int = 16):
+    def __init__(self, num_classes: int, shape: tuple[int, int, int], hidden: int = 100, width: int = 16,
+                 with_offset: bool = False):
         super().__init__()
         c, h, w = shape
-        self.shape = shape
+        self.shape, self.with_offset = shape, with_offset
         self.embed = nn.Sequential(nn.Linear(num_classes, hidden), nn.ReLU(), nn.Linear(hidden, h * w))
         self.convs = nn.Sequential(
-            nn.Conv2d(c + 1, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(1 + c * with_offset, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, c, 3, padding=1))
-        nn.init.zeros_(self.convs[-1].weight)
-        nn.init.zeros_(self.convs[-1].bias)
+        if with_offset:  # a correction added to the offset, starting from the identity
+            nn.init.zeros_(self.convs[-1].weight)
+            nn.init.zeros_(self.convs[-1].bias)
 
-    def forward(self, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """e (K, N), t (K, C, H, W) -> (K, C, H, W)."""
+    def forward(self, e: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
+        """e (K, N) and, with an offset input, t (K, C, H, W) -> (K, C, H, W)."""
         _, h, w = self.shape
         plane = self.embed(e).view(-1, 1, h, w)  # (K, 1, H, W)
+        if not self.with_offset:
+            return self.convs(plane)
         return t + self.convs(torch.cat([t, plane], dim=1))
 
 
@@ -183,7 +205,13 @@ class DisTrans(Algorithm):
     joint : one backward pass for offset and model (the authors' code) instead of the paper's
         alternating steps.
     channels, head, passes : the model's structure (see :class:`DoubleChannel`).
-    server_lr : SGD learning rate of the offset network.
+    server_lr : SGD learning rate of the offset network (the code's 1e-2, with its bounded generator, sends
+        ours diverging on 28x28 offsets: the regression loss of ten random offsets goes 154 -> 1166 in one
+        step; at 1e-3 it falls 154 -> 92 -> 84).
+    nn_input : "class" (the network sees the class vector: the code) or "class+offset" (also the offset:
+        the paper's text); see the module doc.
+    test_offset : "sent" (the offset the server sends after the last round: the paper's Algorithm 1 and
+        the code) or "local" (the client's own trained offset).
     sample_weighted : the server's model mean weighted by sample counts (default) or plain (the authors'
         code).
     """
@@ -195,15 +223,18 @@ class DisTrans(Algorithm):
     paper_training = Training(lr=5e-3)  # Section 5.1: SGD, model lr 5e-3, one local epoch
     constraints = {"alpha": Range(0, 1), "offset_lr": Range(0), "aggregation": OneOf(*AGGREGATIONS),
                    "dh_threshold": Range(0, 1), "channels": OneOf(1, 2), "head": OneOf("dense", "linear"),
-                   "server_lr": Range(0), "passes": OneOf(1, 2)}
+                   "server_lr": Range(0), "passes": OneOf(1, 2), "nn_input": OneOf(*NN_INPUTS),
+                   "test_offset": OneOf(*TEST_OFFSETS)}
 
     def __init__(self, training: Training | None = None, alpha: float = 0.3, offset_lr: float = 1e-3,
                  aggregation: str = "nn+no", dh_threshold: float = 0.5, joint: bool = False, channels: int = 2,
-                 head: str = "linear", server_lr: float = 1e-2, passes: int = 2, sample_weighted: bool = True):
+                 head: str = "linear", server_lr: float = 1e-3, passes: int = 2, sample_weighted: bool = True,
+                 nn_input: str = "class", test_offset: str = "sent"):
         super().__init__(training)
         self.alpha, self.offset_lr, self.aggregation = alpha, offset_lr, aggregation
         self.dh_threshold, self.joint, self.channels, self.head = dh_threshold, joint, channels, head
         self.server_lr, self.passes, self.sample_weighted = server_lr, passes, sample_weighted
+        self.nn_input, self.test_offset = nn_input, test_offset
 
     # ------------------------------------------------------------------ protocol
 
@@ -216,7 +247,8 @@ class DisTrans(Algorithm):
             self.mode = "nn" if self.dh < self.dh_threshold else "none"
         self.offset_seed = int(torch.randint(2 ** 62, (1,)))  # from the run's seeded initialisation stream
         if self.mode == "nn":
-            self.net = OffsetNetwork(federation.num_classes, federation.input_shape).to(self.device)
+            self.net = OffsetNetwork(federation.num_classes, federation.input_shape,
+                                     with_offset=self.nn_input == "class+offset").to(self.device)
             self.net_state = FlatState(self.net)
             k = federation.num_clients
             server.update(net=self.net_state.get(),
@@ -228,7 +260,8 @@ class DisTrans(Algorithm):
 
     def init_client(self, cid: int) -> dict[str, Any]:
         g = torch.Generator().manual_seed(self.offset_seed + cid)
-        return {"offset": torch.rand(self.federation.input_shape, generator=g).to(self.device)}  # (C, H, W)
+        offset = torch.rand(self.federation.input_shape, generator=g).to(self.device)  # (C, H, W)
+        return {"offset": offset, "cid": cid}
 
     def server_message(self, server_state: dict[str, Any], cid: int) -> Message:
         tensors = {"weights": server_state["weights"]}
@@ -276,23 +309,35 @@ class DisTrans(Algorithm):
         counts[ids] = torch.stack([m.tensors["class_counts"] for _, m in uploads])
         e = counts / counts.sum(0).clamp(min=1)  # (clients, N): share of each class's samples per client
         self.net_state.set(server_state["net"])
-        seen = server_state["has_sent"][ids]  # (K,) clients the server answered last time
-        if seen.any():
+        if self.net.with_offset:  # the pairs (t_i, what the server answered last time), for the clients it answered
+            seen = server_state["has_sent"][ids]  # (K,)
+            pairs = (e[ids[seen]], server_state["inputs"][ids[seen]]), offsets[seen]
+        else:  # the pairs (e_i, t_i)
+            seen, pairs = ids, ((e[ids],), offsets)
+        if len(pairs[1]):
             opt = torch.optim.SGD(self.net.parameters(), lr=self.server_lr)
             opt.zero_grad(set_to_none=True)
-            predicted = self.net(e[ids[seen]], server_state["inputs"][ids[seen]])
-            (offsets[seen] - predicted).flatten(1).norm(dim=1).sum().backward()
+            (pairs[1] - self.net(*pairs[0])).flatten(1).norm(dim=1).sum().backward()
             opt.step()
         with torch.no_grad():
-            answer = self.net(e[ids], offsets)  # (K, C, H, W)
+            answer = self.net(e[ids], offsets if self.net.with_offset else None)  # (K, C, H, W)
         inputs, sent, has_sent = (server_state[k].clone() for k in ("inputs", "sent", "has_sent"))
         inputs[ids], sent[ids], has_sent[ids] = offsets, answer, True
         return {"net": self.net_state.get(), "counts": counts, "inputs": inputs, "sent": sent, "has_sent": has_sent}
 
+    def test_offset_of(self, server_state: dict[str, Any], client_state: dict[str, Any]) -> torch.Tensor:
+        """The offset the client adds to its test inputs (``test_offset``, see the module doc), (C, H, W)."""
+        if self.test_offset == "sent":
+            if self.mode == "avg" and "offset" in server_state:
+                return server_state["offset"]
+            if self.mode == "nn" and "cid" in client_state and bool(server_state["has_sent"][client_state["cid"]]):
+                return server_state["sent"][client_state["cid"]]
+        return client_state["offset"]
+
     @contextlib.contextmanager
-    def shifted(self, client_state: dict[str, Any] | None):
-        """The model with the client's own offset (no client state: zero offset) for the block."""
-        self.model.offset = client_state["offset"] if client_state else None
+    def shifted(self, server_state: dict[str, Any], client_state: dict[str, Any] | None):
+        """The model with the client's test offset (no client state: zero offset) for the block."""
+        self.model.offset = self.test_offset_of(server_state, client_state) if client_state else None
         try:
             yield
         finally:
@@ -300,20 +345,20 @@ class DisTrans(Algorithm):
 
     def predict(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
                 x: torch.Tensor) -> torch.Tensor:
-        """Logits of the global model on x shifted by the client's own offset."""
-        with self.shifted(client_state):
+        """Logits of the global model on x shifted by the client's test offset."""
+        with self.shifted(server_state, client_state):
             return super().predict(server_state, client_state, x)
 
     def embed(self, server_state: dict[str, Any], client_state: dict[str, Any] | None,
               x: torch.Tensor) -> torch.Tensor:
-        """Representations of x shifted by the client's own offset."""
-        with self.shifted(client_state):
+        """Representations of x shifted by the client's test offset."""
+        with self.shifted(server_state, client_state):
             return super().embed(server_state, client_state, x)
 
     def predict_global(self, server_state: dict[str, Any], client_states: dict[int, dict[str, Any]],
                        x: torch.Tensor) -> torch.Tensor:
-        """The global test set with the mean of the clients' offsets."""
-        mean = torch.stack([s["offset"] for s in client_states.values()]).mean(0)
+        """The global test set with the mean of the clients' test offsets."""
+        mean = torch.stack([self.test_offset_of(server_state, s) for s in client_states.values()]).mean(0)
         return self.predict(server_state, {"offset": mean}, x)
 
     # ------------------------------------------------------------------ building blocks

@@ -25,9 +25,16 @@ How it differs from FedBN
   2. G and RTNet, with the model fixed: G minimises ``CE(h(u_hat), y) - alpha MMD(u_hat, u)`` (Eq. 5),
      RTNet ``-(H(h(u_hat)) + H(h(u_hat_c))) + beta (MMD(u_hat, u) + MMD(u_hat_c, proto))`` (Eq. 6), H the
      mean entropy of the head's softmax; each steps on the gradient of its own loss (SGD, ``aux_lr``,
-     momentum 0.5, a fresh optimiser each round). Stage 2 reuses stage 1's embeddings ``u``.
-- ``lam = exp(gamma (r - R))`` in round r of R (``smoothing``; the paper: "increase it following an
-  exponential schedule", no formula; this is the code's, which reaches 1 at the last round).
+     momentum 0.5, a fresh optimiser each round unless ``keep_optimizer``). Stage 2 reuses stage 1's
+     embeddings ``u``.
+- The three cross-entropies of stage 1 are weighted real : synthetic : prototype-synthetic = 1 : 1 : 1,
+  Eq. 1-2 as the paper writes them; ``loss_weights=(0.5, 0.25, 0.25)`` is the authors' code on Digits
+  (``user_FRAug.py``). At 1 : 1 : 1 the two synthetic terms outweigh the real one 2 : 1.
+- ``lam = exp(gamma (r - R) ramp_rounds / R)`` in round r of R (``smoothing``; the paper: "increase it
+  following an exponential schedule", no formula). The code's formula is ``exp(gamma (r - R))`` over its
+  300 rounds, a ramp from 0.05 to 1 at gamma 0.01; ``ramp_rounds=300`` (default) gives that shape over
+  any number of rounds, ``ramp_rounds=0`` the code's formula unscaled (over 30 rounds it only runs from
+  0.75 to 1). The code runs Digits with no schedule (``lam = 1``): ``smoothing=False``.
 - MMD (:func:`mmd`): the biased estimate with a sum of five Gaussian kernels whose bandwidths double from
   the mean pairwise squared distance / 4, as in the authors' code.
 
@@ -36,18 +43,25 @@ Where the paper and the authors' code differ (``variant``; the paper's reading i
 ``variant="code"`` switches all of these to the code's:
 
 - noise ``z ~ N(0, I)`` (paper) or ``torch.rand``, uniform on [0, 1) (code);
-- the model's loss ``L_real + L_syn`` (Eq. 1) or ``(1 - Lr) L_real + Lr L_syn`` with
-  ``Lr = min(0.5, exp(gamma (r - R)))``, which stays at 0.5 for a whole Digits run (gamma 0.002);
+- the model's loss ``L_real + L_syn`` (Eq. 1) or ``(1 - Lr) L_real + Lr L_syn / 2`` with
+  ``Lr = min(0.5, the schedule's ramp)``, which stays at 0.5 for a whole Digits run (gamma 0.002): 0.5 :
+  0.25 : 0.25;
 - G's loss on ``u_hat`` (Eq. 5) or on its own output ``v_hat`` (the code, MMD against the real embeddings);
 - batch norm: all of it local (FedBN, which the paper cites) or only its running statistics (the code's
   ``no_bn_running_stats``: weights and biases shared).
 
-Not reproduced from the code: its Digits generator distance (L2 to the prototypes in place of MMD), PACS's
-RTNet distance (L2), the halving of the two synthetic terms, optimisers kept across rounds, and its choice
-of each client's best round on the evaluation split.
+Options for the code's other choices: ``keep_optimizer=True`` keeps the model's and the auxiliary networks'
+SGD momentum on the client from one round to the next, as the code's optimisers live across rounds; the
+training transform ``"crop_jitter_gray"`` (:mod:`fedlab_core.data.transforms`) is the code's Digits image
+augmentation. The code's scoring, each client's test accuracy at its best round on a validation split, is
+the verdicts' ``BEST_VALIDATION`` score of a run with ``RunConfig.validation_monitor``. Not reproduced: its
+Digits generator distance (L2 to the prototypes in place of MMD), PACS's RTNet distance (L2), the RTNet
+trained with lam = 1, and real features recomputed in eval mode after the model step.
 
-Switches for the paper's Table 3 ablation: ``rtnet=False`` (the generator's output is the residual: "generator
-only"), ``prototypes=False`` (no ``u_hat_c``), ``smoothing=False`` (``lam = 1``).
+Switches for the paper's Table 3 ablation: ``rtnet=False`` ("generator only": the head trains on the
+client-agnostic embeddings ``v_hat = G(z, y)`` themselves in place of ``u_hat`` and ``u_hat_c``, as the
+paper's text describes the row and as the code runs it with ``use_FTNet=False``), ``prototypes=False`` (no
+``u_hat_c``), ``smoothing=False`` (``lam = 1``).
 
 Local training as the authors' code runs Digits: SGD, lr 0.01, momentum 0.5, 20 local steps of batch 64.
 Each client predicts with its own model (shared weights, its batch norm); synthetic embeddings are never
@@ -57,10 +71,8 @@ used at test time. There is no global model (``global_model`` False). Each uploa
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -69,9 +81,6 @@ from torch import nn
 from ..params import OneOf, Range
 from .base import Algorithm, FlatState, Message, Training, weighted_mean
 from .fedbn import FedBN
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 VARIANTS = ("paper", "code")
 
@@ -132,13 +141,16 @@ class FRAug(FedBN):
     latent : size of the generator's noise and of the RTNet's hidden layer (0: half the feature size, the
         code's default).
     aux_lr : SGD learning rate of the generator and the RTNet (momentum 0.5, as the code's).
-    gamma : rate of the exponential schedule ``exp(gamma (r - R))`` (the code: 0.01 on PACS and
-        OfficeHome, 0.002 on Digits).
+    gamma : rate of the exponential schedule (the code: 0.01 on PACS and OfficeHome, 0.002 on Digits).
+    ramp_rounds : the schedule as over this many rounds, whatever the run's (the code's 300); 0: unscaled.
     variant : "paper" or "code" (see the module doc).
-    smoothing : scale the residuals by ``lam = exp(gamma (r - R))`` (Eq. 3); False: ``lam = 1``.
-    rtnet : False: the generator's output is the residual (Table 3's "generator only").
+    smoothing : scale the residuals by the schedule's lam (Eq. 3); False: ``lam = 1``.
+    rtnet : False: the head trains on the generator's output itself (Table 3's "generator only").
     prototypes : False: no prototype-anchored embeddings u_hat_c.
     ema : the prototypes' rate, proto <- (1 - ema) proto + ema batch mean (the code: 0.3).
+    loss_weights : (real, synthetic, prototype-synthetic) weights of the model's loss; None: the variant's
+        (paper 1 : 1 : 1; code (1 - Lr) : Lr / 2 : Lr / 2).
+    keep_optimizer : keep the SGD momentum of the model, G and RTNet on the client across rounds.
     """
 
     name = "fraug"
@@ -146,15 +158,19 @@ class FRAug(FedBN):
               "(its RTNet and class prototypes stay on the client)")
     paper_training = Training(lr=0.01, momentum=0.5, batch_size=64, local_steps=20)  # the authors' code, Digits
     constraints = {"alpha": Range(0), "beta": Range(0), "latent": Range(0), "aux_lr": Range(0, low_open=True),
-                   "gamma": Range(0), "variant": OneOf(*VARIANTS), "ema": Range(0, 1)}
+                   "gamma": Range(0), "variant": OneOf(*VARIANTS), "ema": Range(0, 1), "ramp_rounds": Range(0),
+                   "loss_weights": Range(0)}
 
     def __init__(self, training: Training | None = None, alpha: float = 1.0, beta: float = 1.0, latent: int = 0,
                  aux_lr: float = 0.05, gamma: float = 0.01, variant: str = "paper", smoothing: bool = True,
-                 rtnet: bool = True, prototypes: bool = True, ema: float = 0.3):
+                 rtnet: bool = True, prototypes: bool = True, ema: float = 0.3, ramp_rounds: int = 300,
+                 loss_weights: tuple[float, float, float] | None = None, keep_optimizer: bool = False):
         super().__init__(training)
         self.alpha, self.beta, self.latent, self.aux_lr, self.gamma = alpha, beta, latent, aux_lr, gamma
         self.variant, self.smoothing, self.use_rtnet, self.use_prototypes, self.ema = (
             variant, smoothing, rtnet, prototypes, ema)
+        self.ramp_rounds, self.loss_weights, self.keep_optimizer = ramp_rounds, loss_weights, keep_optimizer
+        self._momentum = None  # the client's momentum buffers while it trains under keep_optimizer
 
     # ------------------------------------------------------------------ protocol
 
@@ -191,12 +207,16 @@ class FRAug(FedBN):
         self.gen_state.set(message.tensors["generator"])
         self.rt_state.set(client_state["rtnet"])
         self._prototypes = client_state["prototypes"].clone()
-        self._lam, self._w_real, self._w_syn = self.weights(int(message.metrics["round"]))
+        self._lam, *self._loss_weights = self.weights(int(message.metrics["round"]))
         self._aux_opt = torch.optim.SGD([*self.generator.parameters(), *self.rtnet.parameters()], lr=self.aux_lr,
                                         momentum=0.5)
-        self._rng, self._mmd = rng, []
+        self._rng, self._mmd, self._momentum = rng, [], client_state.get("momentum") if self.keep_optimizer else None
+        if self._momentum is not None:
+            set_momentum(self._aux_opt, self._momentum["aux"])
         upload, client_state = super().local_update(message, client_state, data, rng)
         client_state["rtnet"], client_state["prototypes"] = self.rt_state.get(), self._prototypes
+        if self.keep_optimizer:
+            client_state["momentum"] = {"model": momentum(self._model_opt), "aux": momentum(self._aux_opt)}
         upload.tensors["generator"] = self.gen_state.get()
         upload.diagnostics["mmd_real_synthetic"] = sum(self._mmd) / max(len(self._mmd), 1)
         return upload, client_state
@@ -212,7 +232,7 @@ class FRAug(FedBN):
                 seed: int = 0) -> dict[str, torch.Tensor]:
         """What a client's networks make of a batch, for pictures: its real embeddings ``u = f(x)``, the
         generator's ``v_hat = G(z, y)`` and the transformed ``u_hat = u + lam m(v_hat, y)`` (lam of the last
-        round trained), each (B, F), every network in eval mode, the noise from `seed`."""
+        round trained; without RTNet, ``v_hat`` itself), each (B, F), every network in eval mode, the noise from `seed`."""
         self.load(server_state["weights"], client_state)
         self.gen_state.set(server_state["generator"])
         self.rt_state.set(client_state["rtnet"])
@@ -222,19 +242,29 @@ class FRAug(FedBN):
         u = self.model.features(x)
         v = self.generator(self.draw(len(y)), y)
         lam = self.weights(max(1, int(server_state["round"])))[0]
-        return {"real": u, "generated": v, "transformed": u + lam * (self.rtnet(v, y) if self.use_rtnet else v)}
+        return {"real": u, "generated": v, "transformed": u + lam * self.rtnet(v, y) if self.use_rtnet else v}
 
     # ------------------------------------------------------------------ building blocks
 
-    def weights(self, round_idx: int) -> tuple[float, float, float]:
-        """(lam, w_real, w_syn) in round `round_idx` of R: the residuals' scale (Eq. 3) and the weights of the
-        real and synthetic cross-entropies in the model's loss."""
-        ramp = math.exp(self.gamma * (round_idx - self.num_rounds))
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """The model's optimiser, with the client's momentum of its last round under ``keep_optimizer``."""
+        self._model_opt = super().make_optimizer(params)
+        if self._momentum is not None:
+            set_momentum(self._model_opt, self._momentum["model"])
+        return self._model_opt
+
+    def weights(self, round_idx: int) -> tuple[float, float, float, float]:
+        """(lam, w_real, w_syn, w_proto) in round `round_idx` of R: the residuals' scale (Eq. 3) and the
+        weights of the real, synthetic and prototype-synthetic cross-entropies in the model's loss."""
+        scale = self.ramp_rounds / self.num_rounds if self.ramp_rounds else 1.0
+        ramp = math.exp(self.gamma * scale * (round_idx - self.num_rounds))
         lam = ramp if self.smoothing else 1.0
+        if self.loss_weights is not None:
+            return (lam, *map(float, self.loss_weights))
         if self.variant == "code":
             share = min(0.5, ramp)
-            return lam, 1.0 - share, share
-        return lam, 1.0, 1.0
+            return lam, 1.0 - share, share / 2, share / 2
+        return lam, 1.0, 1.0, 1.0
 
     def draw(self, n: int) -> torch.Tensor:
         """Noise z (n, latent) from the client's stream: N(0, I) ("paper") or U[0, 1) ("code")."""
@@ -247,14 +277,14 @@ class FRAug(FedBN):
         embeddings u (B, F)} plus, with prototypes, {"y_c": class-balanced labels (B,), "anchor_c": their
         prototypes (B, F), "u_hat_c": around them (B, F)}."""
         v = self.generator(self.draw(len(y)), y)
-        out = {"v": v, "u_hat": u + self._lam * (self.rtnet(v, y) if self.use_rtnet else v)}
+        out = {"v": v, "u_hat": u + self._lam * self.rtnet(v, y) if self.use_rtnet else v}
         if self.use_prototypes:
             c = self.federation.num_classes
             start = int(torch.randint(c, (1,), generator=self._rng))
             y_c = (start + torch.arange(len(y), device=self.device)) % c  # every class in turn
             v_c = self.generator(self.draw(len(y)), y_c)
             anchor = self._prototypes[y_c]
-            out.update(y_c=y_c, anchor_c=anchor, u_hat_c=anchor + self._lam * (self.rtnet(v_c, y_c) if self.use_rtnet else v_c))
+            out.update(y_c=y_c, anchor_c=anchor, u_hat_c=anchor + self._lam * self.rtnet(v_c, y_c) if self.use_rtnet else v_c)
         return out
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
@@ -279,10 +309,10 @@ class FRAug(FedBN):
         self.generator.eval(), self.rtnet.eval()
         with torch.no_grad():
             s = self.synthetic(u.detach(), y)
-        syn = F.cross_entropy(head(s["u_hat"]), y)
+        w_real, w_syn, w_proto = self._loss_weights
+        loss = w_real * real + w_syn * F.cross_entropy(head(s["u_hat"]), y)
         if self.use_prototypes:
-            syn = syn + F.cross_entropy(head(s["u_hat_c"]), s["y_c"])
-        loss = self._w_real * real + self._w_syn * syn
+            loss = loss + w_proto * F.cross_entropy(head(s["u_hat_c"]), s["y_c"])
         loss.backward()
         opt.step()
         return loss.detach(), u.detach()
@@ -319,55 +349,14 @@ class FRAug(FedBN):
         self._mmd.append(float(gap.detach()))
 
 
-# ---------------------------------------------------------------------- the motivation study (Table 1)
+def momentum(opt: torch.optim.SGD) -> torch.Tensor:
+    """The SGD momentum buffers of every parameter of `opt`, flattened into one vector (zeros before a step)."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    return torch.cat([opt.state[p].get("momentum_buffer", torch.zeros_like(p)).flatten() for p in params])
 
-def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str | torch.device = "auto",
-                    batch: int = 256) -> "pd.DataFrame":
-    """FRAug's Table 1 on the split of `config`: every client trains the model alone (the Single baseline,
-    with the config's local training and rounds) on a class-stratified `fraction` of its training data; then
-    the feature extractor is frozen and only the head is fine-tuned for `epochs` passes on the embeddings of
-    all the client's training data (SGD, the config's learning rate and momentum, batches of the config's
-    size). Both models are scored on the client's test set. Images go through the model `batch` at a time,
-    on `device` ("auto": CUDA when there is a GPU).
 
-    Returns one row per client: ``client`` (its domain or id), ``trained_on`` and ``finetuned_on`` (image
-    counts), ``before`` and ``after`` (test accuracy).
-    """
-    import pandas as pd
-
-    from ..data import partition as P
-    from ..runs import build, one_thread, resolve_device
-
-    if not 0 < fraction < 1:
-        raise ValueError(f"fraction: must be in (0, 1), got {fraction}")
-    with one_thread():
-        sim = build(config.replace(algorithm="single"), resolve_device(device), progress=False)
-        full = sim.federation
-        small = []
-        for c in full.clients:
-            keep, _ = P.stratified_split(c.y_train.numpy(), 1 - fraction, config.seed * 100_003 + c.cid)
-            keep = torch.as_tensor(keep).to(c.y_train.device)
-            small.append(dataclasses.replace(c, x_train=c.x_train[keep], y_train=c.y_train[keep]))
-        sim.federation = dataclasses.replace(full, clients=small)
-        state = sim.run()
-        algo, rows = sim.algorithm, []
-        for c_full, c in zip(full.clients, small):
-            algo.shared.set(state.clients[c.cid]["model"])
-            model = algo.model.eval()
-            with torch.no_grad():   # (n, F) embeddings with the frozen statistics, and the logits before
-                z, z_test = (torch.cat([model.features(xb) for xb in x.split(batch)]) for x in (c_full.x_train, c.x_test))
-                before = float((model.head(z_test).argmax(1) == c.y_test).float().mean())
-            head = copy.deepcopy(model.head)
-            opt = torch.optim.SGD(head.parameters(), lr=config.lr, momentum=config.momentum)
-            rng = torch.Generator().manual_seed(config.seed * 100_003 + c.cid)
-            for _ in range(epochs):
-                for idx in torch.randperm(len(z), generator=rng).split(config.batch_size):
-                    idx = idx.to(z.device)
-                    opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(head(z[idx]), c_full.y_train[idx]).backward()
-                    opt.step()
-            with torch.no_grad():
-                after = float((head(z_test).argmax(1) == c.y_test).float().mean())
-            rows.append({"client": c.domain or c.cid, "trained_on": c.num_train, "finetuned_on": c_full.num_train,
-                         "before": before, "after": after})
-    return pd.DataFrame(rows)
+def set_momentum(opt: torch.optim.SGD, flat: torch.Tensor) -> None:
+    """Give `opt` the momentum buffers of :func:`momentum`, as if it had stepped before."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for p, buffer in zip(params, flat.split([p.numel() for p in params])):
+        opt.state[p]["momentum_buffer"] = buffer.view_as(p).clone()

@@ -13,7 +13,8 @@ from .base import Dataset, digest
 
 @dataclass
 class ClientData:
-    """Client `cid`'s training and test tensors (x: (n, C, H, W) float32, y: (n,) int64)."""
+    """Client `cid`'s training and test tensors (x: (n, C, H, W) float32, y: (n,) int64), and a validation
+    set beside them when one is monitored (:func:`hold_out` with ``keep_test``)."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -21,14 +22,17 @@ class ClientData:
     y_test: torch.Tensor
     cid: int = 0
     domain: str | None = None
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
         return int(self.y_train.shape[0])
 
     def to(self, device: torch.device | str) -> "ClientData":
+        val = {} if self.x_val is None else {"x_val": self.x_val.to(device), "y_val": self.y_val.to(device)}
         return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
-                       x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+                       x_test=self.x_test.to(device), y_test=self.y_test.to(device), **val)
 
 
 @dataclass
@@ -131,19 +135,24 @@ def federate(data: Dataset, scheme: str, num_clients: int, seed: int, **options)
     )
 
 
-def hold_out(federation: Federation, fraction: float, seed: int) -> Federation:
-    """The federation with `fraction` of every client's training data held out as its evaluation set.
+def hold_out(federation: Federation, fraction: float, seed: int, keep_test: bool = False) -> Federation:
+    """The federation with `fraction` of every client's training data held out (a class-stratified, seeded
+    split of its own data); each client trains on the rest, and ``class_counts`` count what is left.
 
-    A validation split for tuning: each client trains on the rest of its training data and is evaluated
-    on what was held out (a class-stratified, seeded split of its own data); the global evaluation set is
-    the union of the held-out parts. No test image is used. ``class_counts`` count what is left to train on.
+    - ``keep_test=False``, a validation split for tuning: the held-out part is each client's evaluation set,
+      and the global evaluation set is their union. No test image is used.
+    - ``keep_test=True``, a monitored validation set: the held-out part is the client's ``x_val``/``y_val``,
+      scored beside its test set at every evaluation, which keeps its test set.
     """
     clients = []
     for i, c in enumerate(federation.clients):
         train, held = (torch.as_tensor(ix) for ix in P.stratified_split(c.y_train.cpu().numpy(), fraction,
                                                                            seed * 100_003 + i))
-        clients.append(replace(c, x_train=c.x_train[train], y_train=c.y_train[train],
-                               x_test=c.x_train[held], y_test=c.y_train[held]))
+        evaluation = {"x_val": c.x_train[held], "y_val": c.y_train[held]} if keep_test else \
+            {"x_test": c.x_train[held], "y_test": c.y_train[held]}
+        clients.append(replace(c, x_train=c.x_train[train], y_train=c.y_train[train], **evaluation))
     counts = np.stack([np.bincount(c.y_train.cpu().numpy(), minlength=federation.num_classes) for c in clients])
+    if keep_test:
+        return replace(federation, clients=clients, class_counts=counts)
     return replace(federation, clients=clients, x_test=torch.cat([c.x_test for c in clients]),
                    y_test=torch.cat([c.y_test for c in clients]), class_counts=counts)
