@@ -106,12 +106,11 @@ def _recorded(executed: Path) -> dict[str, Any]:
 
 
 def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: dict | None = None,
-            force: bool | Iterable[str] = False, only: Iterable[str] | None = None) -> list[str]:
+            force: bool | Iterable[str] = False, only: Iterable[str] | None = None, jobs: int = 1) -> list[str]:
     """Execute the toc's notebooks with a profile; returns the stems that were (re-)executed. `force`: True
     re-executes every notebook, a list of stems those (the others only when changed); `only`: these chapters
-    and no other."""
-    import papermill
-
+    and no other; `jobs`: chapters executed side by side (those of :data:`READS_RESULTS` always after the
+    others, one at a time)."""
     if profile not in PROFILE_NAMES:
         raise ValueError(f"profile: unknown value {profile!r}; allowed: {', '.join(PROFILE_NAMES)}")
     profiles = load_profiles() if profiles is None else profiles
@@ -124,41 +123,92 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
         raise ValueError(f"chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")
     order = execution_order([s for s in stems if only is None or s in set(only)])
     timings = _timings(profile)
-    for n, stem in enumerate(order, 1):
-        source, target = notebooks / f"{stem}.ipynb", chapters / f"{stem}.ipynb"
+
+    def due(stem: str) -> tuple[dict[str, Any], str] | None:
         params = profile_parameters(profiles, stem, profile)
-        stamp = _stamp(source, params, chapters / "results" if stem in READS_RESULTS else None)
-        if stem not in forced and _recorded(target).get("stamp") == stamp:
+        stamp = _stamp(notebooks / f"{stem}.ipynb", params, chapters / "results" if stem in READS_RESULTS else None)
+        if stem not in forced and _recorded(chapters / f"{stem}.ipynb").get("stamp") == stamp:
             print(f"[book] {stem}: unchanged, kept", flush=True)
-            continue
+            return None
+        n = order.index(stem) + 1
         left = sum(timings.get(s, 0.0) for s in order[n - 1:])
         print(f"[book] {n}/{len(order)} {stem}: executing with the {profile!r} profile"
               + (f" (about {left / 60:.0f} min left for the book, by the last build's times)" if left else ""),
               flush=True)
-        started = time.perf_counter()
-        # The kernel must use the inline backend so figures land in the page; a headless MPLBACKEND
-        # set for the test process would be inherited by the kernel and swallow them.
-        backend = os.environ.pop("MPLBACKEND", None)
-        try:
-            papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name="python3",
-                                       cwd=str(chapters), progress_bar=False, request_save_on_cell_execute=False)
-        finally:
-            if backend is not None:
-                os.environ["MPLBACKEND"] = backend
-        nb = nbformat.read(target, as_version=4)
-        for cell in nb.cells:   # papermill's injected values fold away: the page shows one parameters cell
-            tags = cell.metadata.get("tags", [])
-            if "injected-parameters" in tags and "hide-input" not in tags:
-                cell.metadata["tags"] = [*tags, "hide-input"]
-        nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
-                                 "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        nbformat.write(nb, target)
-        timings[stem] = nb.metadata["fedlab"]["seconds"]
+        return params, stamp
+
+    def finished(stem: str, seconds: float) -> None:
+        timings[stem] = seconds
         _timings(profile, timings)
         ran.append(stem)
+
+    first = [s for s in order if s not in READS_RESULTS]
+    if jobs > 1 and len(first) > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {}
+            for stem in first:
+                todo = due(stem)
+                if todo is not None:
+                    futures[pool.submit(_execute_guarded, notebooks, chapters, stem, profile, *todo)] = stem
+            for future in concurrent.futures.as_completed(futures):
+                seconds, error = future.result()
+                if error:
+                    raise RuntimeError(f"{futures[future]}: {error}")
+                finished(futures[future], seconds)
+        rest = [s for s in order if s in READS_RESULTS]
+    else:
+        rest = order
+    for stem in rest:
+        todo = due(stem)
+        if todo is not None:
+            finished(stem, _execute_one(notebooks, chapters, stem, profile, *todo))
     return ran
 
 
+def _execute_one(notebooks: Path, chapters: Path, stem: str, profile: str, params: dict[str, Any], stamp: str) -> float:
+    """Execute one chapter with papermill and record its stamp and time in the executed notebook; returns the
+    seconds it took."""
+    import papermill
+
+    source, target = notebooks / f"{stem}.ipynb", chapters / f"{stem}.ipynb"
+    started = time.perf_counter()
+    # The kernel must use the inline backend so figures land in the page; a headless MPLBACKEND
+    # set for the test process would be inherited by the kernel and swallow them.
+    backend = os.environ.pop("MPLBACKEND", None)
+    try:
+        papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name="python3",
+                                   cwd=str(chapters), progress_bar=False, request_save_on_cell_execute=False)
+    finally:
+        if backend is not None:
+            os.environ["MPLBACKEND"] = backend
+    nb = nbformat.read(target, as_version=4)
+    for cell in nb.cells:   # papermill's injected values fold away: the page shows one parameters cell
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags and "hide-input" not in tags:
+            cell.metadata["tags"] = [*tags, "hide-input"]
+    nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
+                             "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    nbformat.write(nb, target)
+    return nb.metadata["fedlab"]["seconds"]
+
+
+def _execute_guarded(*args: Any) -> tuple[float, str]:
+    """:func:`_execute_one` in a process of :func:`execute`'s pool: (seconds, "") or (0, the error in one line),
+    as an error raised there need not cross back to the parent intact."""
+    try:
+        return _execute_one(*args), ""
+    except Exception as err:   # papermill's errors name the failing cell and the error raised in it
+        if hasattr(err, "ename"):
+            return 0.0, f"cell {err.exec_count}: {err.ename}: {err.evalue}"
+        return 0.0, f"{type(err).__name__}: {err}"
+
+
+# Chapters executed side by side per profile: the smoke profile's chapters compute their runs on one process each;
+# the book profile's run their own sweeps on every core.
+JOBS = {"smoke": 2}
 TIMINGS = ROOT / "book" / "chapter_seconds.json"   # committed: the estimates work on a fresh clone
 
 
@@ -238,7 +288,7 @@ def build(profile: str = "book", book: Path = ROOT / "book", notebooks: Path = R
     if profile == "book":
         os.environ["FEDLAB_ARCHIVE"] = "write"   # the chapters' kernels and their sweeps' processes inherit it
     chapters = book / "chapters"
-    execute(profile, notebooks, chapters, book / "_toc.yml", force=force)
+    execute(profile, notebooks, chapters, book / "_toc.yml", force=force, jobs=JOBS.get(profile, 1))
     write_status(chapters, book / "_toc.yml")
     write_labs(book)
     return build_html(book, config)
@@ -294,7 +344,8 @@ def verify_archive(every: bool = False, rounds: int = 2) -> int:
 
     archive = Archive()
     journal = default_cache_dir() / f"verified-{code_version()}.jsonl" if every else None
-    checks = verify(rerun, archive, rounds=None if every else rounds, every=every, journal=journal)
+    checks = verify(rerun, archive, rounds=None if every else rounds, every=every, journal=journal,
+                    workers=os.cpu_count() or 1)
     for check in checks:
         print(f"[verify] {check}", flush=True)
     failed = [c for c in checks if not c.ok]

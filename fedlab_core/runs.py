@@ -354,14 +354,14 @@ def _to_archive(history: History, config: RunConfig, device: torch.device, final
         Archive().add(history, config, device, state)
 
 
-def rerun(history: History, rounds: int | None = None) -> list[dict[str, Any]]:
+def rerun(history: History, rounds: int | None = None, workers: int | None = None) -> list[dict[str, Any]]:
     """The per-round rows of a stored run computed again from its config, for its first `rounds` rounds (None:
     all of them), with nothing read from or written to the cache or the archive: what
-    :func:`fedlab_core.store.verify` compares with the stored rows."""
+    :func:`fedlab_core.store.verify` compares with the stored rows. `workers` as for :func:`run`."""
     config = RunConfig(**history.config)
     device = resolve_device(history.meta.get("device", "cpu"))
     with one_thread():
-        state = build(config, device, progress=False, workers=resolve_workers(None, device)).run(until=rounds)
+        state = build(config, device, progress=False, workers=resolve_workers(workers, device)).run(until=rounds)
     return state.rows
 
 

@@ -15,6 +15,7 @@ tensors, read as data only):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -379,21 +380,31 @@ def group_of(history: History) -> tuple[str, ...]:
     return (c["algorithm"], c["augment"], c["dataset"], c["model"], c["partition"])
 
 
+def _rerun_one(rerun: Callable[..., list[dict[str, Any]]], item: tuple[int, History, int]
+               ) -> tuple[int, list[dict[str, Any]]]:
+    """One re-run in a process of :func:`verify`'s pool, itself on one process (the pool holds the cores)."""
+    i, history, rounds = item
+    return i, rerun(history, rounds, workers=1)
+
+
 def verify(rerun: Callable[[History, int | None], list[dict[str, Any]]], archive: Archive | None = None,
            rounds: int | None = 2, every: bool = False, progress: bool | None = None,
-           journal: str | Path | None = None) -> list[Check]:
+           journal: str | Path | None = None, workers: int = 1) -> list[Check]:
     """Re-run archived runs and compare their per-round numbers with the stored ones, bit for bit.
 
     Parameters
     ----------
     rerun : ``rerun(history, k)`` re-runs the history's config for its first `k` rounds (all with None) and
-        returns the fresh per-round rows (:func:`fedlab_core.runs.rerun`).
+        returns the fresh per-round rows (:func:`fedlab_core.runs.rerun`); with `workers`, it also takes
+        ``workers=1``.
     rounds : how many first rounds to re-run (None: all).
     every : every archived run (in full when `rounds` is None); else the cheapest run of each distinct
         :func:`group_of`.
     journal : a file each finished check is appended to (one JSON line); checks it already holds for the same
         run, rounds and code version are read from it, not re-run, so a long verification resumes where it was
         stopped.
+    workers : processes that re-run side by side (each run computes with one thread, so its numbers are the
+        same whatever the count).
 
     On another kind of CPU than the one that computed a run (``meta["cpu"]``), floats may differ: the check
     reports the largest difference instead of failing.
@@ -414,18 +425,27 @@ def verify(rerun: Callable[[History, int | None], list[dict[str, Any]]], archive
             record = json.loads(line)
             where = (record.pop("key_"), record.pop("rounds_"), record.pop("code"))
             done[where] = Check(**record)
-    checks = []
-    for key, h in tqdm(entries, desc="verifying the archive", unit="run", disable=progress is False):
-        k = len(h.rounds) if rounds is None else min(rounds, len(h.rounds))
-        if (key, k, version) in done:
-            checks.append(done[(key, k, version)])
-            continue
-        first, largest = _compare(h.rounds[:k], rerun(h, k))
-        check = Check(key, " / ".join(group_of(h)) + f", seed {h.config['seed']}", k, first, largest,
-                      h.meta.get("cpu", here) == here)
-        checks.append(check)
-        if journal is not None:
-            Path(journal).parent.mkdir(parents=True, exist_ok=True)
-            with open(journal, "a") as f:
-                f.write(json.dumps({**dataclasses.asdict(check), "key_": key, "rounds_": k, "code": version}) + "\n")
-    return checks
+    planned = [(key, h, len(h.rounds) if rounds is None else min(rounds, len(h.rounds))) for key, h in entries]
+    # the longest first (by the run's own seconds per round), so that no long run is left for the end
+    todo = sorted(((key, h, k) for key, h, k in planned if (key, k, version) not in done),
+                  key=lambda t: -(t[1].meta.get("seconds") or 0.0) / max(len(t[1].rounds), 1) * t[2])
+    with contextlib.ExitStack() as stack:
+        if workers > 1 and len(todo) > 1:
+            import multiprocessing
+
+            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(min(workers, len(todo))))
+            fresh = pool.imap_unordered(functools.partial(_rerun_one, rerun), [(i, h, k) for i, (_, h, k) in enumerate(todo)])
+        else:
+            fresh = ((i, rerun(h, k)) for i, (_, h, k) in enumerate(todo))
+        bar = tqdm(fresh, total=len(todo), desc="verifying the archive", unit="run", disable=progress is False)
+        for i, rows in bar:
+            key, h, k = todo[i]
+            first, largest = _compare(h.rounds[:k], rows)
+            done[(key, k, version)] = Check(key, " / ".join(group_of(h)) + f", seed {h.config['seed']}", k, first,
+                                            largest, h.meta.get("cpu", here) == here)
+            if journal is not None:
+                Path(journal).parent.mkdir(parents=True, exist_ok=True)
+                with open(journal, "a") as f:
+                    f.write(json.dumps({**dataclasses.asdict(done[(key, k, version)]), "key_": key, "rounds_": k,
+                                        "code": version}) + "\n")
+    return [done[(key, k, version)] for key, _, k in planned]

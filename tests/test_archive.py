@@ -83,6 +83,7 @@ def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny
     assert len(checks) == 2                                   # one run per distinct algorithm (fedavg, fedprox)
     assert all(c.ok and c.first_difference is None and c.rounds == 2 for c in checks)
     assert len(verify(rerun, archive, rounds=None, every=True)) == 3
+    assert verify(rerun, archive, rounds=2, workers=2) == checks           # side by side: the same checks
     # edit one stored number by hand: verification fails, naming the run and the round
     key = store.archive_key(tiny.replace(algorithm="fedprox"), CPU)
     path = archive.folder / f"{key}.json"
@@ -123,7 +124,7 @@ def test_the_repositorys_archive_verifies():
     archive = Archive(store.ARCHIVE_DIR)
     entries = list(archive.entries())
     assert entries, f"{archive.folder} holds no runs"
-    checks = verify(rerun, archive, rounds=2, progress=False)
+    checks = verify(rerun, archive, rounds=2, progress=False, workers=2)
     failed = [str(c) for c in checks if not c.ok]
     assert not failed, "archived runs the current code no longer reproduces (recompute them):\n" + "\n".join(failed)
 

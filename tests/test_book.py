@@ -1,5 +1,6 @@
 """The book pipeline: profiles, notebooks as committed, the smoke-profile build and its numbers, and
 the built quickstart page in a real headless Chromium."""
+import copy
 import functools
 import http.server
 import json
@@ -61,6 +62,30 @@ def _tiny_book(tmp_path):
     return tmp_path / "notebooks", tmp_path / "chapters", toc
 
 
+def test_chapters_execute_side_by_side_with_the_report_last_and_a_failure_names_its_chapter(tmp_path):
+    notebooks, chapters, toc = _tiny_book(tmp_path)
+    source = nbformat.read(notebooks / "tiny.ipynb", as_version=4)
+    for stem, text in (("other", "'world'"), ("report", "open('results/ran.txt').read()")):
+        nb = copy.deepcopy(source)
+        nb.cells[1].source = f"from myst_nb import glue\nglue('text', {text})"
+        nbformat.write(nb, notebooks / f"{stem}.ipynb")
+    source.cells[1].source += ("\nimport os\nos.makedirs('results', exist_ok=True)"
+                               "\nopen('results/ran.txt', 'w').write('after the others')")
+    nbformat.write(source, notebooks / "tiny.ipynb")
+    toc.write_text("format: jb-book\nroot: intro\nchapters:\n  - file: chapters/report\n  - file: chapters/tiny\n"
+                   "  - file: chapters/other\n")
+    profiles = {s: {"book": {"GREETING": "hi", "REPEAT": 1}} for s in ("tiny", "other", "report")}
+    ran = book.execute("smoke", notebooks, chapters, toc, profiles, jobs=2)
+    assert sorted(ran[:2]) == ["other", "tiny"] and ran[2] == "report"        # the report reads the others' results
+    assert [book.read_glue(chapters / f"{s}.ipynb")["text"] for s in ("tiny", "other", "report")] == \
+        ["hi", "world", "after the others"]
+    broken = nbformat.read(notebooks / "other.ipynb", as_version=4)
+    broken.cells[1].source = "raise KeyError('no such column')"
+    nbformat.write(broken, notebooks / "other.ipynb")
+    with pytest.raises(RuntimeError, match="^other: .*no such column"):
+        book.execute("smoke", notebooks, chapters, toc, profiles, jobs=2)
+
+
 def test_rerun_executes_only_what_changed(tmp_path):
     notebooks, chapters, toc = _tiny_book(tmp_path)
     profiles = {"tiny": {"book": {"GREETING": "hello", "REPEAT": 2}, "smoke": {"REPEAT": 3}}}
@@ -83,7 +108,8 @@ def smoke_book(tmp_path_factory):
     """Every notebook executed with the smoke profile, and the HTML book built from them."""
     where = tmp_path_factory.mktemp("book")
     book_dir = book.stage(where)
-    executed = book.execute("smoke", ROOT / "notebooks", book_dir / "chapters", book_dir / "_toc.yml")
+    executed = book.execute("smoke", ROOT / "notebooks", book_dir / "chapters", book_dir / "_toc.yml",
+                            jobs=book.JOBS["smoke"])
     assert sorted(executed) == sorted(p.stem for p in NOTEBOOKS)
     book.write_status(book_dir / "chapters", book_dir / "_toc.yml")
     book.write_labs(book_dir)
@@ -490,11 +516,12 @@ def test_lab_pages_typeset_maths_with_no_network_and_offer_their_notebooks(serve
             driver.get("https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js")
         for lab in labs.labs():
             driver.get(f"{served_html}/labs/{lab}.html")
-            for _ in range(100):   # MathJax typesets after the page has loaded
-                if driver.execute_script("return !!(window.MathJax && MathJax.startup && MathJax.startup.document "
-                                         "&& MathJax.startup.document.state() >= 200);"):
+            for _ in range(100):   # MathJax loads after the page, then typesets: wait for its startup promise
+                if driver.execute_script("return !!(window.MathJax && MathJax.startup && MathJax.startup.promise);"):
                     break
                 time.sleep(0.2)
+            driver.execute_async_script("const done = arguments[arguments.length - 1];"
+                                        "MathJax.startup.promise.then(() => done(true), () => done(false));")
             pages[lab] = {
                 "typeset": driver.execute_script("return document.querySelectorAll('mjx-container').length;"),
                 "scripts": driver.execute_script("return Array.from(document.scripts).map(s => s.src)"

@@ -42,6 +42,7 @@ CASES = {
     "min_size": ({"partition": "dirichlet", "alpha": 0.1}, 300, {"data"}),
     "num_clients": ({}, 5, {"data"}),
     "validation": ({}, 0.2, {"data"}),
+    "validation_monitor": ({}, 0.2, {"data"}),
     "num_rounds": ({}, 3, {"schedule"}),
     "fraction": ({}, 0.5, {"schedule"}),
     "clients_per_round": ({}, 2, {"schedule"}),
