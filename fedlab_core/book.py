@@ -123,12 +123,16 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
         raise ValueError(f"chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")
     order = execution_order([s for s in stems if only is None or s in set(only)])
     timings = _timings(profile)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(order), desc="the book", unit="chapter", disable=None)   # on a terminal only
 
     def due(stem: str) -> tuple[dict[str, Any], str] | None:
         params = profile_parameters(profiles, stem, profile)
         stamp = _stamp(notebooks / f"{stem}.ipynb", params, chapters / "results" if stem in READS_RESULTS else None)
         if stem not in forced and _recorded(chapters / f"{stem}.ipynb").get("stamp") == stamp:
             print(f"[book] {stem}: unchanged, kept", flush=True)
+            bar.update(1)
             return None
         n = order.index(stem) + 1
         left = sum(timings.get(s, 0.0) for s in order[n - 1:])
@@ -141,6 +145,7 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
         timings[stem] = seconds
         _timings(profile, timings)
         ran.append(stem)
+        bar.update(1)
 
     first = [s for s in order if s not in READS_RESULTS]
     if jobs > 1 and len(first) > 1:
@@ -165,6 +170,7 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
         todo = due(stem)
         if todo is not None:
             finished(stem, _execute_one(notebooks, chapters, stem, profile, *todo))
+    bar.close()
     return ran
 
 
