@@ -7,14 +7,12 @@ An experiment of the book, not part of the algorithm: it runs the Single baselin
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from .data import partition as P
-from .runs import build, one_thread, resolve_device
+from .runs import one_thread, trained
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,6 +27,11 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
     size). Both models are scored on the client's test set. Images go through the model `batch` at a time,
     on `device` ("auto": CUDA when there is a GPU).
 
+    The Single run is an ordinary run, read from the archive or the cache like any other (with its final
+    state): its config holds the rest of each client's training data out as a monitored validation set
+    (``validation_monitor = 1 - fraction``), which is the data the head is then fine-tuned on together with
+    the `fraction` trained on.
+
     Returns one row per client: ``client`` (its domain or id), ``trained_on`` and ``finetuned_on`` (image
     counts), ``before`` and ``after`` (test accuracy).
     """
@@ -36,22 +39,15 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
 
     if not 0 < fraction < 1:
         raise ValueError(f"fraction: must be in (0, 1), got {fraction}")
+    sim, state = trained(config.replace(algorithm="single", validation_monitor=1 - fraction), device=device)
+    algo, rows = sim.algorithm, []
     with one_thread():
-        sim = build(config.replace(algorithm="single"), resolve_device(device), progress=False)
-        full = sim.federation
-        small = []
-        for c in full.clients:
-            keep, _ = P.stratified_split(c.y_train.numpy(), 1 - fraction, config.seed * 100_003 + c.cid)
-            keep = torch.as_tensor(keep).to(c.y_train.device)
-            small.append(dataclasses.replace(c, x_train=c.x_train[keep], y_train=c.y_train[keep]))
-        sim.federation = dataclasses.replace(full, clients=small)
-        state = sim.run()
-        algo, rows = sim.algorithm, []
-        for c_full, c in zip(full.clients, small):
+        for c in sim.federation.clients:
+            x_all, y_all = torch.cat([c.x_train, c.x_val]), torch.cat([c.y_train, c.y_val])
             algo.shared.set(state.clients[c.cid]["model"])
             model = algo.model.eval()
             with torch.no_grad():   # (n, F) embeddings with the frozen statistics, and the logits before
-                z, z_test = (torch.cat([model.features(xb) for xb in x.split(batch)]) for x in (c_full.x_train, c.x_test))
+                z, z_test = (torch.cat([model.features(xb) for xb in x.split(batch)]) for x in (x_all, c.x_test))
                 before = float((model.head(z_test).argmax(1) == c.y_test).float().mean())
             head = copy.deepcopy(model.head)
             opt = torch.optim.SGD(head.parameters(), lr=config.lr, momentum=config.momentum)
@@ -60,10 +56,10 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
                 for idx in torch.randperm(len(z), generator=rng).split(config.batch_size):
                     idx = idx.to(z.device)
                     opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(head(z[idx]), c_full.y_train[idx]).backward()
+                    F.cross_entropy(head(z[idx]), y_all[idx]).backward()
                     opt.step()
             with torch.no_grad():
                 after = float((head(z_test).argmax(1) == c.y_test).float().mean())
-            rows.append({"client": c.domain or c.cid, "trained_on": c.num_train, "finetuned_on": c_full.num_train,
+            rows.append({"client": c.domain or c.cid, "trained_on": c.num_train, "finetuned_on": len(y_all),
                          "before": before, "after": after})
     return pd.DataFrame(rows)

@@ -312,3 +312,24 @@ def test_every_parameter_changes_what_a_client_uploads(name, value):
 
     base, changed = upload(), upload(**{name: value})
     assert any(base[k].shape != changed[k].shape or not torch.equal(base[k], changed[k]) for k in base), name
+
+
+# ------------------------------------------------------------------------ Table 1: the head fine-tuning study
+
+def test_head_finetuning_trains_on_a_tenth_reads_its_run_like_any_other_and_tunes_the_head_on_all(tmp_path, monkeypatch):
+    from fedlab_core.finetune import head_finetuning
+
+    monkeypatch.setenv("FEDLAB_CACHE_DIR", str(tmp_path))
+    config = RunConfig(dataset="digits", model="mlp", num_clients=3, num_rounds=2, local_steps=3, batch_size=32,
+                       lr=0.1, momentum=0.5, seed=0)
+    table = head_finetuning(config, fraction=0.1, epochs=3)
+    fed = build(config, torch.device("cpu"), progress=False).federation
+    assert list(table["finetuned_on"]) == [c.num_train for c in fed.clients]           # all of each client's data
+    assert all(abs(t - 0.1 * n) <= 10 for t, n in zip(table["trained_on"], table["finetuned_on"]))
+    assert table[["before", "after"]].apply(lambda s: s.between(0, 1)).all().all()
+    assert (table["after"] != table["before"]).any()
+    monkeypatch.setattr(Simulation, "run_round", lambda *a, **k: pytest.fail("the Single run was trained again"))
+    again = head_finetuning(config, fraction=0.1, epochs=3)      # the run and its final state come from the cache
+    assert again.equals(table)
+    with pytest.raises(ValueError, match="^fraction"):
+        head_finetuning(config, fraction=1.0)
