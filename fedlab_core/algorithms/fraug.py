@@ -352,7 +352,8 @@ class FRAug(FedBN):
 def momentum(opt: torch.optim.SGD) -> torch.Tensor:
     """The SGD momentum buffers of every parameter of `opt`, flattened into one vector (zeros before a step)."""
     params = [p for group in opt.param_groups for p in group["params"]]
-    return torch.cat([opt.state[p].get("momentum_buffer", torch.zeros_like(p)).flatten() for p in params])
+    buffers = [opt.state[p].get("momentum_buffer") for p in params]   # None (or absent) before a step
+    return torch.cat([(torch.zeros_like(p) if b is None else b).flatten() for p, b in zip(params, buffers)])
 
 
 def set_momentum(opt: torch.optim.SGD, flat: torch.Tensor) -> None:
