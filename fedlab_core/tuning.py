@@ -75,10 +75,11 @@ class Tuning:
     validation: float
     absolute: bool = False
 
-    def by_factor(self) -> "pd.DataFrame":
-        """Method x factor of its paper rate: the best validation score at that rate (over a second rate)."""
-        return self.grid.pivot_table(index="method", columns="factor", values="validation", aggfunc="max",
-                                     sort=False)
+    def by_rate(self) -> "pd.DataFrame":
+        """Method x learning rate tried (absolute grid) or factor of its paper rate (relative grid): the best
+        validation score there (over a second rate); NaN where the method did not try it."""
+        return self.grid.pivot_table(index="method", columns="lr" if self.absolute else "factor",
+                                     values="validation", aggfunc="max", sort=False).sort_index(axis=1)
 
     def table(self) -> "pd.DataFrame":
         """One row per method: its paper rate(s), the chosen ones, the factor and the validation score."""

@@ -546,11 +546,12 @@ class Verdicts:
 
     def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):
         """The accuracy curves behind every verdict judged on training runs: one panel per verdict, the claimed
-        better side (solid) and the other (dashed), mean over seeds with a min-max band; the panel's title is
-        the claim and its verdict. Returns the figure, or None when no verdict carries runs."""
+        better side (solid) and the other (dashed), mean over seeds with a min-max band (runs of different lengths:
+        over the seeds evaluated at that round); the panel's title is the claim and its verdict. Returns the figure, or None when no verdict carries runs."""
         import textwrap
 
         import matplotlib.pyplot as plt
+        import pandas as pd
 
         shown = [(i, v) for i, v in enumerate(self.items, 1) if v.runs]
         if not shown:
@@ -560,11 +561,12 @@ class Verdicts:
                                  squeeze=False)
         for ax, (i, v) in zip(axes.flat, shown):
             for runs, name, style in zip(v.runs, names, ("-", "--")):
-                rounds = [r["round"] for r in runs[0].rounds if r.get(metric) is not None]
-                values = np.array([[r[metric] for r in h.rounds if r.get(metric) is not None] for h in runs],
-                                  dtype=float)  # (seeds, evaluated rounds)
-                (line,) = ax.plot(rounds, values.mean(0), style, marker=".", label=name)
-                ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.2, linewidth=0)
+                # rounds x seeds; a run that stopped once converged leaves NaN after its last round, and the
+                # mean and band are over the seeds still running
+                values = pd.DataFrame({i: pd.Series(curve(h, metric)) for i, h in enumerate(runs)}).sort_index()
+                (line,) = ax.plot(values.index, values.mean(axis=1), style, marker=".", label=name)
+                ax.fill_between(values.index, values.min(axis=1), values.max(axis=1), color=line.get_color(),
+                                alpha=0.2, linewidth=0)
             ax.set_title(textwrap.fill(f"{i}. {v.claim}", 44) + f"\n{v.label}", fontsize=8)
             ax.set_xlabel("round", fontsize=8)
             ax.xaxis.get_major_locator().set_params(integer=True)

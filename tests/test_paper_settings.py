@@ -196,6 +196,8 @@ def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(mon
     t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1), widen=3)
     assert sorted(t.grid["lr"]) == [0.01, 0.03, 0.1, 0.3, 1.0] and t.chosen["fedavg"]["lr"] == 0.3
     assert t.table().loc["fedavg", "at an edge"] == "no" and t.table().loc["fedavg", "lr tried"] == "0.01 to 1"
+    by_rate = t.by_rate()                                                 # the tuning chapter's heatmap: by rate
+    assert list(by_rate.columns) == [0.01, 0.03, 0.1, 0.3, 1.0] and by_rate.loc["fedavg", 0.3] == pytest.approx(0.0)
     _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 0.03)) - abs(math.log10(c.algorithm_params["offset_lr"])))
     t = tune(tiny.replace(lr=None), {"distrans": {"algorithm": "distrans"}}, rounds=10, rates=(0.01, 0.03, 0.1))
     assert t.chosen["distrans"] == {"lr": 0.03, "offset_lr": 1.0}        # the second rate's grid, inside its edges

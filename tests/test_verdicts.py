@@ -308,3 +308,15 @@ def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
     solid, dashed = panels[0].get_lines()
     assert list(solid.get_xdata()) == [1, 2, 3] and solid.get_ydata() == pytest.approx([0.5, 0.7, 0.81])
     assert dashed.get_ydata() == pytest.approx([0.4, 0.6, 0.7]) and dashed.get_linestyle() == "--"
+
+
+def test_curves_take_runs_that_stopped_at_different_rounds():
+    import matplotlib
+    matplotlib.use("Agg")
+    a = [_history(0, [0.5, 0.7]), _history(1, [0.6, 0.8, 0.9])]   # seed 0 stopped once converged, a round early
+    b = [_history(0, [0.4, 0.6, 0.7]), _history(1, [0.4, 0.6, 0.7])]
+    book = Verdicts()
+    book.add(beats(a, b, "A beats B"))
+    solid, _ = [ax for ax in book.curves().axes if ax.get_visible()][0].get_lines()
+    assert list(solid.get_xdata()) == [1, 2, 3]
+    assert solid.get_ydata() == pytest.approx([0.55, 0.75, 0.9])   # the last round: the seed still running
