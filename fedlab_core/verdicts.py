@@ -546,8 +546,9 @@ class Verdicts:
 
     def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):
         """The accuracy curves behind every verdict judged on training runs: one panel per verdict, the claimed
-        better side (solid) and the other (dashed), mean over seeds with a min-max band (runs of different lengths:
-        over the seeds evaluated at that round); the panel's title is the claim and its verdict. Returns the figure, or None when no verdict carries runs."""
+        better side (solid) and the other (dashed), mean over seeds with a min-max band (where runs stopped at
+        different rounds: over the seeds evaluated at that round); the panel's title is the claim and its
+        verdict. Returns the figure, or None when no verdict carries runs."""
         import textwrap
 
         import matplotlib.pyplot as plt
@@ -563,7 +564,7 @@ class Verdicts:
             for runs, name, style in zip(v.runs, names, ("-", "--")):
                 # rounds x seeds; a run that stopped once converged leaves NaN after its last round, and the
                 # mean and band are over the seeds still running
-                values = pd.DataFrame({i: pd.Series(curve(h, metric)) for i, h in enumerate(runs)}).sort_index()
+                values = pd.DataFrame({k: pd.Series(curve(h, metric)) for k, h in enumerate(runs)}).sort_index()
                 (line,) = ax.plot(values.index, values.mean(axis=1), style, marker=".", label=name)
                 ax.fill_between(values.index, values.min(axis=1), values.max(axis=1), color=line.get_color(),
                                 alpha=0.2, linewidth=0)
