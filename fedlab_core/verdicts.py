@@ -361,19 +361,30 @@ def _diverged(h: "History", metric: str) -> bool:
     return final is None or math.isnan(float(final))
 
 
-def best_on_validation(h: "History", metric: str = "mean_client_accuracy") -> float:
-    """The mean over clients of each client's test accuracy at its best validation round (see :func:`score`)."""
-    if metric != "mean_client_accuracy":
-        raise ValueError(f"metric: the best-validation-round score is a client accuracy; got {metric!r}")
-    rows = [r for r in h.rounds if r.get("client_validation_accuracy") is not None]
-    if not rows:
-        raise ValueError(f"protocol: {BEST_VALIDATION!r} needs a run with validation_monitor > 0; "
-                         f"run {h.config.get('algorithm')!r} seed {h.config.get('seed')} has no validation scores")
-    val = np.array([r["client_validation_accuracy"] for r in rows], dtype=float)   # (rounds, clients)
-    test = np.array([r["client_accuracy"] for r in rows], dtype=float)
-    best = np.nanargmax(np.where(np.isnan(val), -np.inf, val), axis=0)               # (clients,)
-    picked = test[best, np.arange(test.shape[1])]
-    return float(np.nanmean(picked))
+def client_scores(h: "History", protocol: str = LAST_FIFTH) -> np.ndarray:
+    """Each client's test accuracy under a score protocol (:func:`score`), so that a table per client shows
+    what the verdicts judge: the mean of its accuracies over the last fifth of the run's evaluated rounds
+    (:data:`LAST_FIFTH`), its accuracy at the evaluated round where the clients' mean was best
+    (:data:`BEST_ROUND`), or at the round where its own validation accuracy was best, the first such round
+    (:data:`BEST_VALIDATION`, a run with ``validation_monitor``). NaN for every client of a run that diverged."""
+    if protocol not in SCORES:
+        raise ValueError(f"protocol: unknown value {protocol!r}; allowed: {', '.join(SCORES)}")
+    rows = [r for r in h.rounds if r.get("mean_client_accuracy") is not None and r.get("client_accuracy") is not None]
+    if protocol == BEST_VALIDATION:
+        rows = [r for r in rows if r.get("client_validation_accuracy") is not None]
+        if not rows:
+            raise ValueError(f"protocol: {BEST_VALIDATION!r} needs a run with validation_monitor > 0; run "
+                             f"{h.config.get('algorithm')!r} seed {h.config.get('seed')} has no validation scores")
+    if _diverged(h, "mean_client_accuracy") or not rows:
+        return np.full(len(h.final.get("client_accuracy") or ()), np.nan)
+    test = np.array([r["client_accuracy"] for r in rows], dtype=float)              # (rounds, clients)
+    if protocol == BEST_VALIDATION:
+        val = np.array([r["client_validation_accuracy"] for r in rows], dtype=float)
+        best = np.nanargmax(np.where(np.isnan(val), -np.inf, val), axis=0)           # (clients,)
+        return test[best, np.arange(test.shape[1])]
+    if protocol == BEST_ROUND:
+        return test[int(np.argmax([r["mean_client_accuracy"] for r in rows]))]
+    return test[-max(1, math.ceil(len(rows) / 5)):].mean(axis=0)
 
 
 def score(h: "History", metric: str = "mean_client_accuracy", protocol: str = LAST_FIFTH) -> float:
@@ -386,7 +397,9 @@ def score(h: "History", metric: str = "mean_client_accuracy", protocol: str = LA
     if _diverged(h, metric):
         return math.nan
     if protocol == BEST_VALIDATION:
-        return best_on_validation(h, metric)
+        if metric != "mean_client_accuracy":
+            raise ValueError(f"metric: the best-validation-round score is a client accuracy; got {metric!r}")
+        return float(np.nanmean(client_scores(h, protocol)))
     values = list(curve(h, metric).values())
     if not values:
         return math.nan

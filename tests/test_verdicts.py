@@ -8,7 +8,7 @@ import pytest
 from fedlab_core import RunConfig
 from fedlab_core import verdicts
 from fedlab_core.store import History
-from fedlab_core.verdicts import (BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, converged,
+from fedlab_core.verdicts import (BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, client_scores, converged,
                                   error_rates, number, order, plateau_rise, plateaued, runs_converged, score,
                                   seed_values)
 
@@ -244,6 +244,22 @@ def test_the_best_validation_round_picks_each_clients_test_accuracy_where_its_va
     assert score(h, protocol=BEST_VALIDATION) == pytest.approx((0.60 + 0.95 + 0.70) / 3)
     with pytest.raises(ValueError, match="validation_monitor"):
         score(_history(0, [0.5, 0.6]), protocol=BEST_VALIDATION)
+
+
+def test_client_scores_are_each_clients_accuracy_under_the_protocol_and_average_to_the_runs_score():
+    test = [[0.2, 0.4], [0.5, 0.9], None, [0.6, 0.7], [0.8, 0.6], [0.7, 0.9]] + [[0.7, 0.8]] * 4   # 9 evaluated
+    rounds = [{"round": r + 1, "mean_client_accuracy": None if t is None else float(np.mean(t)), "client_accuracy": t}
+              for r, t in enumerate(test)]
+    h = History(RunConfig().to_dict(), rounds, {"mean_client_accuracy": 0.75, "client_accuracy": [0.7, 0.8]}, {})
+    assert client_scores(h) == pytest.approx([0.7, 0.8])                         # the last 2 of 9 evaluations
+    assert client_scores(h).mean() == pytest.approx(score(h))
+    assert client_scores(h, BEST_ROUND) == pytest.approx([0.7, 0.9])             # round 6: the best mean, 0.8
+    early = History(RunConfig().to_dict(), rounds[:5], {"mean_client_accuracy": 0.7, "client_accuracy": [0.8, 0.6]}, {})
+    assert client_scores(early) == pytest.approx([0.8, 0.6])                     # 4 evaluated: the last one
+    diverged = History(RunConfig().to_dict(), rounds, {"mean_client_accuracy": None, "client_accuracy": [0.1, 0.1]}, {})
+    assert np.isnan(client_scores(diverged)).all() and len(client_scores(diverged)) == 2
+    with pytest.raises(ValueError, match="validation_monitor"):
+        client_scores(h, BEST_VALIDATION)
 
 
 def test_runs_are_paired_by_seed_scored_at_convergence_and_must_all_converge():
