@@ -195,6 +195,9 @@ def test_smoke_distrans_ablations_headline_numbers(smoke_book):
     assert glue["scale_dh"] == pytest.approx(params["TARGET_DH"]) and glue["scale_classes"] == 5
     assert glue["paper_default_mismatches"] == 1         # Bird-200 at DH 60% in the paper's Table 4
     assert glue["num_levels"] == len(params["DH_VALUES"]) + 1
+    # every run but Table 5's may stop once converged, none after the cap; Table 5's run all their rounds
+    assert 1 <= glue["rounds_min"] <= glue["rounds_max"] <= params["NUM_ROUNDS"]
+    assert 0 <= glue["runs_capped"] <= glue["runs_stopping"] and glue["scale_rounds"] == params["SCALE_ROUNDS"]
     assert 0 <= glue["double_wins"] <= glue["num_levels"]
     assert glue["best_alpha_dh0"] in params["ALPHAS"] and glue["best_epochs"] in params["LOCAL_EPOCHS"]
     for name in ("distrans_sampled", "pfedhn_sampled", "moon_sampled", "distrans_best_most_clients",
@@ -386,6 +389,10 @@ def test_smoke_fraug_headline_numbers(smoke_book):
     for m in params["SIZE_METHODS"]:
         assert glue[f"fig2_{m}_100"] == glue[f"t2_{m}"]                         # the full size is Table 2's run
     assert 0.0 <= glue["t1_before"] <= 1.0 and 0.0 <= glue["t1_after"] <= 1.0
+    # FRAug with its schedule runs every round: its score averages its last rounds, never above its peak
+    assert 0.0 <= glue["fraug_score"] <= glue["fraug_peak"] + 1e-12 and glue["fraug_peak"] <= 1.0
+    assert 1 <= glue["fraug_peak_round"] <= params["NUM_ROUNDS"] and 0 <= glue["fraug_unconverged"] <= len(seeds)
+    assert glue["rounds_max"] == params["NUM_ROUNDS"] and glue["runs_capped"] <= glue["runs_total"]
     # the generator travels both ways on top of FedBN's upload: a little more, never less; RTNet never does
     assert 1.0 < glue["bytes_ratio"] < 2.0 and glue["time_ratio"] > 0
     assert glue["mmd_full_first"] > 0 and glue["mmd_full_last"] > 0
