@@ -39,11 +39,15 @@ class TinyBN(nn.Module):
 
 @pytest.fixture(autouse=True, scope="session")
 def _the_repositorys_archive_is_never_written():
-    """Only the book profile writes to the archive; a test that leaked FEDLAB_ARCHIVE=write would add its runs."""
+    """Only the book profile writes to the archive; a test that leaked FEDLAB_ARCHIVE=write would add its runs.
+    Nor do the tests write the committed chapter timings (a book-profile execution of a test book would)."""
+    from fedlab_core.book import TIMINGS
     from fedlab_core.store import ARCHIVE_DIR
 
     os.environ.pop("FEDLAB_ARCHIVE", None)
     before = set(os.listdir(ARCHIVE_DIR)) if ARCHIVE_DIR.exists() else set()
+    timings = TIMINGS.read_bytes() if TIMINGS.exists() else None
     yield
     after = set(os.listdir(ARCHIVE_DIR)) if ARCHIVE_DIR.exists() else set()
     assert after == before, f"the tests wrote into the repository's archive: {sorted(after - before)[:5]}"
+    assert (TIMINGS.read_bytes() if TIMINGS.exists() else None) == timings, f"the tests wrote {TIMINGS}"

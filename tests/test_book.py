@@ -86,7 +86,8 @@ def test_chapters_execute_side_by_side_with_the_report_last_and_a_failure_names_
         book.execute("smoke", notebooks, chapters, toc, profiles, jobs=2)
 
 
-def test_rerun_executes_only_what_changed(tmp_path):
+def test_rerun_executes_only_what_changed(tmp_path, monkeypatch):
+    monkeypatch.setattr(book, "TIMINGS", tmp_path / "chapter_seconds.json")   # the book profile records its times
     notebooks, chapters, toc = _tiny_book(tmp_path)
     profiles = {"tiny": {"book": {"GREETING": "hello", "REPEAT": 2}, "smoke": {"REPEAT": 3}}}
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]
