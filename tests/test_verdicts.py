@@ -8,9 +8,9 @@ import pytest
 from fedlab_core import RunConfig
 from fedlab_core import verdicts
 from fedlab_core.store import History
-from fedlab_core.verdicts import (BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats, client_scores, converged,
-                                  error_rates, number, order, plateau_rise, plateaued, runs_converged, score,
-                                  seed_values)
+from fedlab_core.verdicts import (BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats,
+                                  client_scores, converged, error_rates, number, order, plateau_rise, plateaued,
+                                  runs_converged, score, seed_values)
 
 T4 = 2.7764451051977987   # Student t, 97.5% quantile, 4 degrees of freedom
 T4_LOOKS2 = 3.4954077     # 98.75% quantile (each of two looks at 97.5%)
