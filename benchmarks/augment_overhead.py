@@ -23,7 +23,7 @@ AUGMENTS = {
     "normalize": ("normalize", {}),
     "fedrdn": ("fedrdn", {}),
     "fedrdn-per-batch": ("fedrdn", {"draw": "per_batch", "pairing": "independent"}),
-    "fedmix": ("fedmix", {}),
+    "naivemix": ("naivemix", {}),
     "mixup": ("mixup", {}),
     "ot_align": ("ot_align", {}),
 }

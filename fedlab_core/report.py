@@ -108,7 +108,7 @@ CATALOGUE: tuple[Entry, ...] = (
     # FedRDN
     Entry("FedRDN", "abstract", "FedRDN improves various representative FL methods as a plug-and-play component",
           "fedrdn", covers=("Table 1",)),
-    Entry("FedRDN", "Table 1", "FedRDN improves seven FL algorithms and beats + norm and + FedMix", "fedrdn",
+    Entry("FedRDN", "Table 1", "FedRDN improves seven FL algorithms and beats + norm and + FedMix (run as NaiveMix)", "fedrdn",
           "Office-Caltech-10 (AlexNet-BN), DomainNet"),
     Entry("FedRDN", "Table 2", "FedRDN improves four FL algorithms on ProstateMRI segmentation", None,
           "ProstateMRI, U-Net, Dice",

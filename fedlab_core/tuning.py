@@ -218,6 +218,20 @@ def _with_rates(config: RunConfig, rates: Mapping[str, float]) -> RunConfig:
                           algorithm_params={**config.algorithm_params, **params})
 
 
+def flow_label(key: tuple[str, str]) -> str:
+    """The tuning label of an (algorithm, flow) key, e.g. ``("fedavg", "+ FedRDN")`` -> ``"fedavg | + FedRDN"``."""
+    return f"{key[0]} | {key[1]}"
+
+
+def per_flow(algorithms: Mapping[str, Mapping[str, Any]], flows: Mapping[str, Mapping[str, Any]]
+             ) -> dict[str, dict[str, Any]]:
+    """Every (algorithm, flow) pair as a method of its own, for :func:`tune`: label (:func:`flow_label`) -> the
+    config changes of both. A flow that changes the inputs' scale changes the rate an algorithm needs (inputs
+    standardised per channel are about three times those in [0, 1]), so each flow is tuned on its own; apply
+    the choice with ``tuned_configs(configs, tuning, method_of=flow_label)`` on configs keyed (algorithm, flow)."""
+    return {flow_label((a, f)): {**changes, **flow} for a, changes in algorithms.items() for f, flow in flows.items()}
+
+
 def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda key: key
                   ) -> tuple[dict[Any, Any], dict[Any, set[str]]]:
     """Apply the tuned rates to each config, except those its chapter set on purpose.

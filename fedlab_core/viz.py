@@ -435,6 +435,40 @@ def image_panels(panels: Mapping[str, Sequence[torch.Tensor]], row_labels: Seque
     return fig
 
 
+def image_with_histogram(images: Mapping[str, torch.Tensor], bins: int = 64):
+    """One image in several versions (e.g. raw and aligned by each variant), each above its intensity
+    histogram, with its mean intensity (brightness) marked and written in the title.
+
+    Parameters
+    ----------
+    images : ``{title: image (C, H, W) in [0, 1]}``; channels are pooled in the histogram, and a colour
+        image is shown in colour.
+    bins : histogram bins over [0, 1]; the first bin holds the black pixels.
+
+    Returns a figure of two rows (images, histograms on a log scale) and one column per version.
+    """
+    titles = list(images)
+    fig, axes = plt.subplots(2, len(titles), figsize=(1.9 * len(titles) + 0.4, 4.0), layout="constrained",
+                             squeeze=False, gridspec_kw={"height_ratios": [1.2, 1]}, sharey="row")
+    edges = np.linspace(0, 1, bins + 1)
+    for j, title in enumerate(titles):
+        img = images[title].detach().float().cpu()
+        values = img.flatten().clamp(0, 1).numpy()
+        shown = img.clamp(0, 1).permute(1, 2, 0).numpy()
+        axes[0, j].imshow(shown[..., 0] if img.shape[0] == 1 else shown, cmap="gray", vmin=0, vmax=1)
+        axes[0, j].set_title(f"{title}\nbrightness {values.mean():.3f}", fontsize=8)
+        axes[0, j].set_axis_off()
+        counts, _ = np.histogram(values, bins=edges)
+        axes[1, j].bar(edges[:-1], counts / counts.sum(), width=1 / bins, align="edge", color="tab:blue")
+        axes[1, j].axvline(values.mean(), color="tab:red", linewidth=1)
+        axes[1, j].set_yscale("log")
+        axes[1, j].set_xlim(0, 1)
+        axes[1, j].set_xlabel("intensity", fontsize=8)
+        axes[1, j].tick_params(labelsize=7)
+    axes[1, 0].set_ylabel("share of pixels", fontsize=8)
+    return fig
+
+
 def image_grid(images: Sequence[Sequence[torch.Tensor]], row_labels: Sequence[str] | None = None,
                col_labels: Sequence[str] | None = None, value_range=(0.0, 1.0), size: float = 1.1):
     """A table of images, e.g. one source image per row and one transform of it per column.

@@ -1,4 +1,4 @@
-"""The baseline augmentations mixup, AdvProp, FedMix and conventional normalisation: their output on fixed
+"""The baseline augmentations mixup, AdvProp, NaiveMix and conventional normalisation: their output on fixed
 batches by hand, their set-up exchanges and bytes, and FedAvg + each one learning the digits task."""
 import copy
 
@@ -10,8 +10,8 @@ from torch import nn
 
 from fedlab_core.algorithms import FedAvg, Training
 from fedlab_core.augment.advprop import AdvProp, DualBatchNorm
-from fedlab_core.augment.fedmix import FedMix, mean_batches
 from fedlab_core.augment.mixup import Mixup, draw_beta
+from fedlab_core.augment.naivemix import NaiveMix, mean_batches
 from fedlab_core.augment.normalize import Normalize
 from fedlab_core.data import federate, load_dataset
 from fedlab_core.data.federation import ClientData, Federation
@@ -177,7 +177,7 @@ def test_on_a_bn_model_the_adversarial_half_moves_only_the_auxiliary_statistics(
     assert torch.allclose(model(x), reference(x), atol=1e-5)  # eval: the main BN
 
 
-# ---------------------------------------------------------------------- FedMix
+# ---------------------------------------------------------------------- NaiveMix
 
 
 def test_mean_batches_are_the_means_of_disjoint_groups():
@@ -198,9 +198,9 @@ def test_mean_batches_are_the_means_of_disjoint_groups():
     assert torch.allclose(few[0], x[:2].mean(0)) and torch.allclose(few_labels[0], F.one_hot(y[:2], 4).float().mean(0))
 
 
-def test_fedmix_setup_shares_the_pool_and_its_bytes_are_counted():
+def test_naivemix_setup_shares_the_pool_and_its_bytes_are_counted():
     fed = _digits()
-    aug = FedMix(mean_batch_size=10)
+    aug = NaiveMix(mean_batch_size=10)
     _, up, down = aug.setup(fed, 0)
     groups = [c.num_train // 10 for c in fed.clients]
     per_group = 4 * (64 + 10)  # one 8x8 image and one 10-class label, float32
@@ -210,15 +210,15 @@ def test_fedmix_setup_shares_the_pool_and_its_bytes_are_counted():
     assert torch.allclose(aug.pool_y.sum(1), torch.ones(sum(groups)))
     torch.manual_seed(0)
     sim = Simulation(FedAvg(), fed, build_model("mlp", fed.input_shape, 10), seed=0, num_rounds=1,
-                     augment=FedMix(), progress=False)
+                     augment=NaiveMix(), progress=False)
     assert sim.initial_state().setup_bytes == (sum(groups) * per_group, 4 * sum(groups) * per_group)
-    _, up_again, _ = FedMix().setup(fed, 0)
+    _, up_again, _ = NaiveMix().setup(fed, 0)
     assert all(torch.equal(a.tensors["images"], b.tensors["images"]) for a, b in zip(up, up_again))
 
 
-def test_fedmix_batch_is_naivemix_with_the_shared_pool():
+def test_naivemix_mixes_each_image_with_the_shared_pool():
     x, y = _batch()
-    aug = FedMix(lam=0.05)
+    aug = NaiveMix(lam=0.05)
     aug.setup(_digits(), 0)
     xm, ym = aug.train_batch(None, x, y, 0, torch.Generator().manual_seed(3))
     pick = torch.randint(len(aug.pool_x), (len(x),), generator=torch.Generator().manual_seed(3))
@@ -274,8 +274,8 @@ def _run(augment, make_model=None, num_rounds=5):
 
 
 @pytest.mark.parametrize("make", [lambda: (Mixup(), None), lambda: (AdvProp(epsilon=8 / 255), SmallBN),
-                                  lambda: (FedMix(), None), lambda: (Normalize(), None)],
-                         ids=["mixup", "advprop-bn", "fedmix", "normalize"])
+                                  lambda: (NaiveMix(), None), lambda: (Normalize(), None)],
+                         ids=["mixup", "advprop-bn", "naivemix", "normalize"])
 def test_fedavg_with_each_augmentation_learns_digits(make):
     augment, make_model = make()
     rows = _run(augment, make_model)
@@ -290,7 +290,26 @@ def test_advprop_refuses_a_model_without_batch_norm():
 
 def test_augmented_runs_are_deterministic():
     for make, make_model in ((lambda: Mixup(), None), (lambda: AdvProp(epsilon=8 / 255), SmallBN),
-                             (lambda: FedMix(), None)):
+                             (lambda: NaiveMix(), None)):
         a, b = _run(make(), make_model, num_rounds=2), _run(make(), make_model, num_rounds=2)
         assert [r["train_loss"] for r in a] == [r["train_loss"] for r in b]
         assert [r["global_accuracy"] for r in a] == [r["global_accuracy"] for r in b]
+
+
+def test_normalize_with_the_codes_constants_uses_them_and_not_the_clients_statistics():
+    from fedlab_core.augment.normalize import CODE_CONSTANTS
+
+    x = torch.rand(6, 3, 4, 4)
+    fed = Federation(clients=[ClientData(x, torch.zeros(6, dtype=torch.long), x[:2], torch.zeros(2, dtype=torch.long), cid=0)],
+                     x_test=x[:2], y_test=torch.zeros(2, dtype=torch.long), num_classes=2, input_shape=(3, 4, 4),
+                     class_counts=np.full((1, 2), 3), scheme="iid", dataset="toy")
+    code = Normalize(**CODE_CONSTANTS)
+    _, up, down = code.setup(fed, 0)
+    assert up == [] and down == []  # fixed constants: nothing exchanged
+    out, _ = code.train_batch(None, x, None, 0, torch.Generator())
+    mean = torch.tensor(CODE_CONSTANTS["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(CODE_CONSTANTS["std"]).view(1, 3, 1, 1)
+    assert torch.allclose(out, (x - mean) / std)
+    pooled = Normalize()
+    pooled.setup(fed, 0)
+    assert not torch.allclose(pooled.train_batch(None, x, None, 0, torch.Generator())[0], out)

@@ -78,7 +78,7 @@ CLI_CASES = [  # (arguments of `run`, a fragment the one-line message must conta
     (["--augment", "ot_align", "--augment-param", "variant=joint", "--augment-param", "solver=exact"], "augment_params: solver belongs to the sound and channel variants"),
     (["--augment", "fedrdn", "--augment-param", "draw=per_epoch"], "'fedrdn' parameter 'draw' must be one of 'per_image', 'per_batch'"),
     (["--augment", "mixup", "--augment-param", "alpha=-1"], "'mixup' parameter 'alpha' must be a number >= 0"),
-    (["--augment", "fedmix", "--augment-param", "lam=2"], "'fedmix' parameter 'lam' must be a number in [0, 1]"),
+    (["--augment", "naivemix", "--augment-param", "lam=2"], "'naivemix' parameter 'lam' must be a number in [0, 1]"),
     (["--augment", "cutmix9"], "augment: must be one of"),
     (["--dataset-param", "bogus=1"], "dataset_params: 'digits' has no parameter 'bogus'; it accepts: root, test_fraction, seed"),
     (["--dataset-param", "test_fraction=1.5"], "dataset_params: 'digits' parameter 'test_fraction' must be a number in [0, 1)"),

@@ -317,22 +317,22 @@ def test_smoke_fedrdn_headline_numbers(smoke_book):
     # FedRDN's set-up: 2 x C float32 up per client; every client receives every client's pair
     assert glue["fedrdn_setup_up_bytes"] == clients * 2 * channels * 4
     assert glue["fedrdn_setup_down_bytes"] == clients * clients * 2 * channels * 4
-    # FedMix: one averaged 3x28x28 image and 10-class label per 10 training images, float32, pooled to everyone
+    # NaiveMix: one averaged 3x28x28 image and 10-class label per 10 training images, float32, pooled to everyone
     groups = params["SAMPLES_PER_DOMAIN"] // 10
-    assert glue["fedmix_setup_up_bytes"] == clients * groups * (channels * 28 * 28 + 10) * 4
-    assert glue["fedmix_setup_down_bytes"] == clients * glue["fedmix_setup_up_bytes"]
-    fedmix = glue["fedmix_setup_up_bytes"] + glue["fedmix_setup_down_bytes"]
+    assert glue["naivemix_setup_up_bytes"] == clients * groups * (channels * 28 * 28 + 10) * 4
+    assert glue["naivemix_setup_down_bytes"] == clients * glue["naivemix_setup_up_bytes"]
+    naivemix = glue["naivemix_setup_up_bytes"] + glue["naivemix_setup_down_bytes"]
     fedrdn = glue["fedrdn_setup_up_bytes"] + glue["fedrdn_setup_down_bytes"]
-    assert glue["fedmix_over_fedrdn"] == pytest.approx(fedmix / fedrdn)
-    assert 0 < glue["norm_setup_up_bytes"] + glue["norm_setup_down_bytes"] < fedmix
+    assert glue["naivemix_over_fedrdn"] == pytest.approx(naivemix / fedrdn)
+    assert 0 < glue["norm_setup_up_bytes"] + glue["norm_setup_down_bytes"] < naivemix
     model = 2 * clients * 4 * count_parameters(build_model(params["MODEL"], (3, 28, 28), 10))  # up and down, float32
     assert model <= glue["model_round_bytes"] < 1.01 * model      # plus batch-norm buffers
-    assert glue["fedmix_in_rounds"] == pytest.approx(fedmix / glue["model_round_bytes"])
+    assert glue["naivemix_in_rounds"] == pytest.approx(naivemix / glue["model_round_bytes"])
     assert glue["alexnet_mb"] == pytest.approx(4 * count_parameters(build_model("alexnet_bn", (3, 256, 256), 10)) / 1e6)
     # accuracies (%), gains and the counts drawn from them
     gains = {}
     for a in algorithms:
-        for flow in ("alone", "norm", "fedmix", "fedrdn"):
+        for flow in ("alone", "norm", "naivemix", "fedrdn"):
             assert 0.0 <= glue[f"{a}_{flow}_pct"] <= 100.0
         gains[a] = glue[f"{a}_fedrdn_gain_pct"]
         assert gains[a] == pytest.approx(glue[f"{a}_fedrdn_pct"] - glue[f"{a}_alone_pct"])
@@ -343,10 +343,10 @@ def test_smoke_fedrdn_headline_numbers(smoke_book):
     assert glue["fedrdn_improved_clear"] == glue["fedrdn_hurt_clear"] == 0   # one seed: no spread to beat
     assert glue["fedrdn_positive_every_seed"] == glue["fedrdn_improved"]    # one seed: every seed is that seed
     assert glue["fedrdn_beats_norm"] == sum(glue[f"{a}_fedrdn_pct"] > glue[f"{a}_norm_pct"] for a in algorithms)
-    assert glue["fedrdn_beats_fedmix"] == sum(glue[f"{a}_fedrdn_pct"] > glue[f"{a}_fedmix_pct"] for a in algorithms)
-    assert glue["fedrdn_beats_both"] <= min(glue["fedrdn_beats_norm"], glue["fedrdn_beats_fedmix"])
+    assert glue["fedrdn_beats_naivemix"] == sum(glue[f"{a}_fedrdn_pct"] > glue[f"{a}_naivemix_pct"] for a in algorithms)
+    assert glue["fedrdn_beats_both"] <= min(glue["fedrdn_beats_norm"], glue["fedrdn_beats_naivemix"])
     assert glue["norm_decreased"] == sum(glue[f"{a}_norm_pct"] < glue[f"{a}_alone_pct"] for a in algorithms)
-    assert glue["fedmix_decreased"] == sum(glue[f"{a}_fedmix_pct"] < glue[f"{a}_alone_pct"] for a in algorithms)
+    assert glue["naivemix_decreased"] == sum(glue[f"{a}_naivemix_pct"] < glue[f"{a}_alone_pct"] for a in algorithms)
 
 
 def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):
@@ -356,7 +356,7 @@ def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):
     assert glue["num_clients"] == k and glue["num_seeds"] == len(params["SEEDS"])
     assert glue["num_pairs"] == k * (k - 1)                          # every ordered (source, target) pair
     assert 0 <= glue["rdn_best_pairs"] <= glue["num_pairs"]
-    flows = ("none", "norm", "fedmix", "fedrdn")
+    flows = ("none", "norm", "naivemix", "fedrdn")
     for flow in flows:
         assert 0.0 <= glue[f"cross_site_{flow}"] <= 1.0 and 0.0 <= glue[f"in_site_{flow}"] <= 1.0
         assert -1.0 <= glue[f"silhouette_client_{flow}"] <= 1.0 and -1.0 <= glue[f"silhouette_class_{flow}"] <= 1.0

@@ -367,3 +367,86 @@ def test_alignment_cost_times_every_stage():
     assert len(cost.client_barycenter) == len(cost.projection) == 3
     assert all(t > 0 for t in cost.client_barycenter + cost.projection) and cost.server_barycenter > 0
     assert cost.parallel <= cost.total
+
+
+def test_exact_barycenter_of_a_hand_computed_case():
+    # levels 0, 1/2, 1; a holds {0, 1/2} and b {1/2, 1} in halves: their quantile functions are 0 then 1/2, and
+    # 1/2 then 1, whose average is 1/4 then 3/4; put back on the levels, each atom splits evenly between its two
+    # neighbours: masses 1/4, 1/2, 1/4. Point masses at 0 and 1 meet at 1/2.
+    support = intensity_support(3)
+    halves = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.5]], dtype=torch.float64)
+    assert torch.allclose(barycenter_1d(halves, support, "exact"), torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64))
+    ends = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    assert torch.allclose(barycenter_1d(ends, support, "exact"), torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64))
+
+
+def _dark_images(n: int, seed: int) -> torch.Tensor:
+    """Fashion-MNIST-like images: a black background (about 60% of the pixels at 0) and a bright object."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.zeros(n, 1, 12, 12)
+    brightness = 0.4 + 0.5 * torch.rand(n, 1, 1, 1, generator=g)
+    x[:, :, 3:10, 3:10] = (brightness + 0.1 * torch.rand(n, 1, 7, 7, generator=g)).clamp(0, 1)
+    return (x * 255).round() / 255
+
+
+def test_the_sound_default_is_the_exact_barycenter_and_keeps_backgrounds_black():
+    # The entropic barycenter at the paper's reg smears the mass at level 0 over its neighbours: aligned
+    # backgrounds turn grey. The exact barycenter (the default) keeps the black mass and black pixels.
+    xs = [_dark_images(40, s) for s in (0, 1)]
+    fed = _federation(xs, [x[:5] for x in xs])
+    exact = OTAlign()
+    assert exact.solver == "exact"
+    aligned, _, _ = exact.setup(fed, 0)
+    entropic = OTAlign(solver="entropic")
+    blurred, _, _ = entropic.setup(fed, 0)
+    black = 1 - 49 / 144  # the share of background pixels
+    assert exact.target[0, 0].item() == pytest.approx(black, abs=0.02)
+    assert entropic.target[0, 0].item() < black / 3
+    background = xs[0][:, :, 0, 0]  # a corner pixel: background in every image
+    assert aligned.clients[0].x_train[:, :, 0, 0].max().item() < 1e-6
+    assert blurred.clients[0].x_train[:, :, 0, 0].min().item() > 0.01
+    assert background.max().item() == 0.0
+
+
+def test_variant_defaults_pin_the_map_and_solver_each_source_ran():
+    assert OTAlign(variant="channel").solver == "entropic"  # the paper's literal barycenter
+    assert OTAlign(variant="channel").out_of_sample_map == "ferradans"
+    assert OTAlign(variant="joint").out_of_sample_map == "ferradans"
+    assert OTAlign(variant="paper-code").out_of_sample_map == "continuous"  # POT 0.9.5's default, the code's pin
+    with pytest.raises(ValueError, match="out_of_sample_map belongs"):
+        OTAlign(out_of_sample_map="continuous")
+
+
+def test_paper_code_default_is_what_pot_0_9_5_runs_and_the_older_map_differs():
+    xs = [_images(6, 1, 8, 2, 5, seed=s) for s in (0, 1)]
+    fed = _federation(xs, [x[:2] for x in xs])
+    code, _, _ = OTAlign(variant="paper-code", pixels=30).setup(fed, 0)
+    older, _, _ = OTAlign(variant="paper-code", pixels=30, out_of_sample_map="ferradans").setup(fed, 0)
+    assert not torch.allclose(code.clients[0].x_train, older.clients[0].x_train)
+
+
+def test_cleaned_code_options_each_change_the_barycenters_or_the_aligned_images():
+    from fedlab_core.augment.ot_align import CLEANED_CODE, pixel_positions
+
+    # without replacement, an image's positions are distinct; with, 64 draws of 64 positions repeat some
+    g = torch.Generator().manual_seed(0)
+    assert all(len(set(row.tolist())) == 64 for row in pixel_positions(5, 64, 64, g, replace=False)[:, 0])
+    assert any(len(set(row.tolist())) < 64 for row in pixel_positions(5, 64, 64, g, replace=True)[:, 0])
+    with pytest.raises(ValueError, match="without replacement"):
+        pixel_positions(1, 64, 65, g, replace=False)
+    xs = [_images(6, 1, 8, 2, 5, seed=s) for s in (0, 1)]
+    fed = _federation(xs, [x[:2] for x in xs])
+    base = OTAlign(variant="paper-code", pixels=30)
+    base_fed, _, _ = base.setup(fed, 0)
+    for change in ({"barycenter_pixels": 60}, {"barycenter_replace": False}, {"reg_server": 0.1},
+                   {"reg_map": 0.01}):
+        aug = OTAlign(variant="paper-code", pixels=30, **change)
+        out, _, _ = aug.setup(fed, 0)
+        moved_target = aug.target.shape != base.target.shape or not torch.allclose(aug.target, base.target)
+        assert moved_target or not torch.allclose(out.clients[0].x_train, base_fed.clients[0].x_train), change
+    assert OTAlign(variant="paper-code", **{**CLEANED_CODE, "barycenter_pixels": 50}).barycenter_pixels == 50
+    # the server's regularisation reaches the sound/channel server barycenter too
+    hists = torch.stack([_beta_histogram(2, 5), _beta_histogram(5, 2)])
+    a = OTAlign(variant="channel").server_barycenter(hists[:, None].float())
+    b = OTAlign(variant="channel", reg_server=0.1).server_barycenter(hists[:, None].float())
+    assert histogram_distance(a[0], b[0], SUPPORT).item() > 1e-3

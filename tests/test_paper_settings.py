@@ -279,3 +279,20 @@ def test_every_models_blocks_end_its_convolutional_stages():
         assert bool(model.blocks) == bool(convs), name
         for block in model.blocks:
             assert isinstance(modules[block], (torch.nn.ReLU, torch.nn.MaxPool2d, torch.nn.Sequential)), (name, block)
+
+
+def test_each_flow_is_tuned_on_its_own_and_its_runs_get_its_rate(monkeypatch, tiny):
+    from fedlab_core.tuning import flow_label, per_flow
+
+    flows = {"alone": {}, "+ FedRDN": {"augment": "fedrdn"}}
+    methods = per_flow({"fedavg": {"algorithm": "fedavg"}}, flows)
+    assert methods == {"fedavg | alone": {"algorithm": "fedavg"},
+                       "fedavg | + FedRDN": {"algorithm": "fedavg", "augment": "fedrdn"}}
+    # a validation score that prefers 0.03 without the flow and 0.1 with it: each flow keeps its own choice
+    _scored_by(monkeypatch, lambda c: -abs(c.lr - (0.1 if c.augment == "fedrdn" else 0.03)))
+    t = tune(tiny.replace(lr=None), methods, rounds=10, rates=(0.01, 0.03, 0.1, 0.3))
+    assert t.chosen == {"fedavg | alone": {"lr": 0.03}, "fedavg | + FedRDN": {"lr": 0.1}}
+    configs = {("fedavg", f): [tiny.replace(lr=None, seed=s, **flow) for s in (0, 1)] for f, flow in flows.items()}
+    out, tuned = tuned_configs(configs, t, method_of=flow_label)
+    assert [c.lr for c in out[("fedavg", "alone")]] == [0.03, 0.03]
+    assert [c.lr for c in out[("fedavg", "+ FedRDN")]] == [0.1, 0.1] and tuned[("fedavg", "+ FedRDN")] == {"lr"}

@@ -99,4 +99,4 @@ def test_what_leaves_a_client_beyond_the_weights_is_described_for_the_methods_th
     for name, cls in ALGORITHMS.items():
         assert isinstance(cls.shares, str) and bool(cls.shares) == (name in sends_more), name
     for name, cls in AUGMENTS.items():
-        assert isinstance(cls.shares, str) and bool(cls.shares) == (name in {"fedrdn", "ot_align", "fedmix"}), name
+        assert isinstance(cls.shares, str) and bool(cls.shares) == (name in {"fedrdn", "ot_align", "naivemix"}), name

@@ -166,3 +166,16 @@ def test_umap_embedding_is_reproducible_when_rows_repeat():
     first, second = viz.umap_embedding(z, seed=0), viz.umap_embedding(z, seed=0)
     assert first.shape == (1600, 2) and np.array_equal(first, second)
     assert np.array_equal(first[700:], first[copies])          # every copy of a row sits on that row's point
+
+
+def test_image_with_histogram_marks_each_versions_brightness():
+    dark = torch.zeros(1, 4, 4)
+    dark[0, :2] = 1.0  # half white: brightness 0.5, half the pixels in the first bin
+    grey = torch.full((1, 4, 4), 0.25)
+    fig = viz.image_with_histogram({"raw": dark, "aligned": grey}, bins=4)
+    top, bottom = fig.axes[0:2], fig.axes[2:4]  # images first, then histograms (row by row)
+    assert [ax.get_title() for ax in top] == ["raw\nbrightness 0.500", "aligned\nbrightness 0.250"]
+    heights = [[p.get_height() for p in ax.patches] for ax in bottom]
+    assert heights[0] == [0.5, 0.0, 0.0, 0.5] and heights[1] == [0.0, 1.0, 0.0, 0.0]
+    assert bottom[1].lines[0].get_xdata()[0] == 0.25  # the mean marked
+    plt.close(fig)

@@ -6,6 +6,10 @@ the mean over images of each image's channel mean and channel std (Eq. 5; the pa
 sum, its authors' code divides by the image count, which is what a normalisation needs). It sends the
 pair ``(mu_k, sigma_k)`` (2 x C floats) up; the server sends the list of all K pairs to every client.
 These messages are returned from :meth:`FedRDN.setup`, so the engine counts their bytes.
+The statistics are those of the training images as stored, before any flip or rotation of a train
+transform: the paper's Algorithm 1 computes them from the local dataset before training starts. (The
+authors' code takes one pass of its augmented loader, whose rotations of up to 30 degrees fill the
+corners with black.)
 
 Training (Algorithm 2, Eq. 6): every training image is normalised ``(x - mu_j) / sigma_j`` with the
 statistics of a client j drawn uniformly from the shared list (the client's own included). The paper

@@ -5,7 +5,8 @@ By default the statistics are those of the union of the clients' training sets (
 image, population std), i.e. the usual dataset normalisation. In a federation that takes one exchange:
 each client sends its per-channel pixel count, sum and sum of squares, the server sends back mean and
 std; :meth:`Normalize.setup` returns those messages so their (tiny) bytes are counted. Given ``mean`` and
-``std`` explicitly (e.g. ImageNet's), nothing is exchanged.
+``std`` explicitly, nothing is exchanged: ``Normalize(**CODE_CONSTANTS)`` is the FedRDN authors' code's
+"+ norm", ImageNet's fixed constants for three-channel images.
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from torch import nn
 from ..algorithms.base import Message
 from ..data.federation import Federation
 from .base import Augment
+
+# the FedRDN authors' code's "+ norm": fixed constants (ImageNet's channel means and stds), not the clients' data
+CODE_CONSTANTS = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 
 
 def channel_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
