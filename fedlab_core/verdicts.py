@@ -41,6 +41,7 @@ a fitted exponent) is judged with ``deterministic=True``: one value, no interval
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -416,6 +417,20 @@ def seed_values(runs: Sequence["History"], metric: str = "mean_client_accuracy",
     if len(out) != len(runs):
         raise ValueError(f"runs must have one seed each, got seeds {[h.config['seed'] for h in runs]}")
     return out
+
+
+def truncated(h: "History", last_round: int) -> "History":
+    """The run as it stood after `last_round` (its rounds up to it; the whole run if it stopped earlier), to
+    judge runs of different lengths at an equal budget (e.g. equal local epochs in all). Its final values are
+    those of its last evaluated round kept; the plateau test and the score then apply to the prefix."""
+    if last_round < 1:
+        raise ValueError(f"last_round must be at least 1, got {last_round}")
+    rows = [r for r in h.rounds if r["round"] <= last_round]
+    if len(rows) == len(h.rounds):
+        return h
+    evaluated = [r for r in rows if r.get("mean_client_accuracy") is not None]
+    final = {k: v for k, v in (evaluated[-1] if evaluated else {}).items() if k != "round"}
+    return dataclasses.replace(h, rounds=rows, final=final, meta={**h.meta, "truncated_at": last_round})
 
 
 def runs_converged(runs: Sequence["History"], metric: str = "mean_client_accuracy") -> bool:

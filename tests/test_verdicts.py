@@ -336,3 +336,17 @@ def test_curves_take_runs_that_stopped_at_different_rounds():
     solid, _ = [ax for ax in book.curves().axes if ax.get_visible()][0].get_lines()
     assert list(solid.get_xdata()) == [1, 2, 3]
     assert solid.get_ydata() == pytest.approx([0.55, 0.75, 0.9])   # the last round: the seed still running
+
+
+def test_a_truncated_run_is_judged_on_its_rounds_up_to_the_budget():
+    rising = [0.1 * r for r in range(1, 7)] + [0.6] * 8  # rises for six rounds, then flat to round 14
+    h = History({"seed": 0}, [{"round": r, "mean_client_accuracy": a} for r, a in enumerate(rising, 1)],
+                {"mean_client_accuracy": 0.6}, {"seconds": 1.0})
+    assert verdicts.runs_converged([h])
+    early = verdicts.truncated(h, 6)
+    assert [r["round"] for r in early.rounds] == list(range(1, 7)) and early.final["mean_client_accuracy"] == pytest.approx(0.6)
+    assert not verdicts.runs_converged([early])                   # still rising at round 6
+    assert verdicts.score(early) == pytest.approx(0.55) and early.meta["truncated_at"] == 6  # last fifth: rounds 5-6
+    assert verdicts.truncated(h, 20) is h                         # a run that stopped before the budget is whole
+    with pytest.raises(ValueError, match="last_round"):
+        verdicts.truncated(h, 0)
