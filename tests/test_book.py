@@ -246,6 +246,11 @@ def test_smoke_ot_alignment_headline_numbers(smoke_book):
         assert glue[f"feature_{v}_pairwise_after"] < 0.3 * glue[f"feature_{v}_pairwise_before"]
         assert glue[f"feature_{v}_to_target_after"] < 0.5 * glue[f"feature_{v}_to_target_before"]
     assert glue["label_sound_pairwise_after"] < 0.6 * glue["label_sound_pairwise_before"]
+    # the exact barycenter keeps the target's black mass that the entropic one smears; per-image maps give every
+    # image the target's brightness, one map per client keeps differences between a client's images
+    assert glue["black_mass_sound"] > 3 * glue["black_mass_entropic"]
+    assert glue["background_sound"] < glue["background_entropic"] and glue["kept_black_sound"] > 0
+    assert glue["spread_sound"] < 0.01 < glue["spread_client"] < glue["spread_raw"]
     assert glue["label_sound_pairwise_before"] < glue["feature_sound_pairwise_before"]  # label skew differs less
     # the entropic barycenter's iterations grow like 1/reg (counted, not timed: no machine noise)
     assert 0.7 < glue["exp_iterations_reg"] < 1.5
@@ -263,14 +268,13 @@ def test_smoke_ot_fedavg_headline_numbers(smoke_book):
     params = book.profile_parameters(PROFILES, "ot_fedavg", "smoke")
     cells = params["CELLS"]
     assert glue["num_cells"] == len(cells) and glue["num_seeds"] == len(params["SEEDS"])
-    # distinct runs: two arms per Table 1 cell and per skewed setting, the authors' code once, and Fig. 4's two
-    # runs unless they coincide with Table 1's (same rounds, evaluated every round)
-    fig4_apart = not (params["FIG4_ROUNDS"] == params["NUM_ROUNDS"] and min(params["EVAL_EVERY"], params["NUM_ROUNDS"]) == 1)
-    # and the appendix's ResNet once per cell of its Table 3 (the CNN's runs there are Table 1's)
-    assert set(params["RESNET_CELLS"]) <= set(cells)
-    assert glue["num_runs"] == (len(params["SEEDS"]) * (2 * len(cells) + 2 * fig4_apart + params["PAPER_CODE"]
-                                                        + len(params["RESNET_CELLS"]))
-                                + len(params["SKEW_SEEDS"]) * 2 * (len(params["SKEW_CELLS"]) + 1))
+    # distinct runs per seed: two arms per Table 1 cell and per skewed setting, the two other readings once (in
+    # Fig. 4's cell, whose runs are Table 1's), and the appendix's ResNet once per cell of its Table 3 (the CNN's
+    # runs there are Table 1's)
+    assert set(params["RESNET_CELLS"]) <= set(cells) and params["FIG4_CELL"] in cells
+    readings = params["OTHER_READINGS"]
+    assert glue["num_runs"] == len(params["SEEDS"]) * (2 * len(cells) + 2 * readings + len(params["RESNET_CELLS"])
+                                                       + 2 * (len(params["SKEW_CELLS"]) + 1))
     gains = {"global": [], "client": []}
     for cell in cells:
         tag = cell.replace("/", "_")
@@ -290,13 +294,15 @@ def test_smoke_ot_fedavg_headline_numbers(smoke_book):
     # without alignment it is the raw global test set's; rebuilt from the cache, a run scores what it recorded
     assert glue["check_weighted_ot"] == pytest.approx(glue["check_aligned_ot"], abs=0.02)
     assert glue["check_weighted_fedavg"] == pytest.approx(glue["check_raw_fedavg"], abs=0.02)
-    for name in ("fedavg", "ot"):
-        assert glue[f"check_raw_{name}"] == pytest.approx(glue[f"fig4_global_{name}"], abs=0.02)
+    fig4 = params["FIG4_CELL"].replace("/", "_")
+    for name in ("fedavg", "ot"):   # the check's models are the first seed's runs of Fig. 4's cell (one seed here)
+        assert glue[f"check_raw_{name}"] == pytest.approx(glue[f"global_{name}_{fig4}"], abs=0.02)
         assert 0.0 <= glue[f"check_train_{name}"] <= 1.0
     for name in ("skew", "domain"):
         for key in ("global_fedavg", "global_ot", "client_fedavg", "client_ot"):
             assert 0.0 <= glue[f"{name}_{key}"] <= 1.0
-    assert 0.0 <= glue["paper_code_global"] <= 1.0 and 0.0 <= glue["paper_code_client"] <= 1.0
+    for name in ("paper_map", "paper_code"):
+        assert 0.0 <= glue[f"{name}_global"] <= 1.0 and 0.0 <= glue[f"{name}_client"] <= 1.0
     # the appendix's ResNet against the CNN, for 28x28 grey images (6.2 times for CIFAR-10's, as the paper says)
     assert glue["resnet_param_ratio"] == pytest.approx(6_571_978 / 765_322)
     assert glue["resnet_time_ratio"] > 1.0   # a ResNet round costs more than a CNN round
