@@ -8,7 +8,8 @@ and progress go to stderr.
 
 Errors are one line on stderr, never a traceback (``--debug`` adds it): exit status 2 for an invalid
 input (nothing is loaded or written), 1 for a run that fails (missing or damaged data, a diverging run,
-every client failing), 130 when interrupted (the last checkpoint is kept: the same command resumes).
+every client failing), 130 when interrupted (the last checkpoint, if one was written, is kept: the same command
+resumes from it).
 """
 from __future__ import annotations
 
@@ -34,8 +35,15 @@ PARTITION_FIELDS = ("dataset", "dataset_params", "max_train_samples", "max_test_
                     "classes_per_client", "beta", "min_size", "num_clients", "seed")
 ROUND_KEYS = ("round", "clients", "failed", "train_loss", "global_accuracy", "mean_client_accuracy", "bytes_up",
               "bytes_down")
+# the local-training fields: None there means the method's own setting, its paper's
+LOCAL_TRAINING = ("local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum", "weight_decay",
+                  "train_transform")
 META_KEYS = ("key", "code_version", "torch", "device", "workers", "dh", "samples", "failed_clients",
              "resumed_from_round", "stopped_at_plateau", "seconds")
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C, with what is left of it (whether a checkpoint was kept)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -72,7 +80,9 @@ def _add_fields(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
         if f.name not in names:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        help_text = f"{comments.get(f.name, '')} (default: {default!r})"
+        shown = ("the method's own, its paper's setting" if default is None and f.name in LOCAL_TRAINING else
+                 "unset" if default is None else repr(default))
+        help_text = f"{comments.get(f.name, '')} (default: {shown})"
         if isinstance(FIELD_CONSTRAINTS.get(f.name), OneOf):
             help_text += "; one of: " + ", ".join(FIELD_CONSTRAINTS[f.name].values)
         if f.name in MAPPINGS:
@@ -122,6 +132,7 @@ def _config(a: argparse.Namespace) -> RunConfig:
 def prepare_run(a: argparse.Namespace) -> Callable[[], dict]:
     """Everything that can be checked before any work (the config, the device); the run itself, to call."""
     from .runs import resolve_device, resolve_workers, run
+    from .store import cache_key, default_cache_dir
 
     config, device = _config(a), resolve_device(a.device)
     workers = resolve_workers(a.workers, device)
@@ -129,8 +140,14 @@ def prepare_run(a: argparse.Namespace) -> Callable[[], dict]:
         raise ValueError(f"checkpoint_every: must be an integer >= 0; got {a.checkpoint_every}")
 
     def work() -> dict:
-        history = run(config, use_cache=not a.no_cache, device=device, checkpoint_every=a.checkpoint_every,
-                      progress=None if not a.json else False, workers=workers)
+        try:
+            history = run(config, use_cache=not a.no_cache, device=device, checkpoint_every=a.checkpoint_every,
+                          progress=None if not a.json else False, workers=workers)
+        except KeyboardInterrupt:
+            kept = not a.no_cache and (default_cache_dir() / f"{cache_key(config, device)}.ckpt").exists()
+            raise Interrupted("interrupted; the last checkpoint is kept, and the same command resumes from it" if kept
+                              else "interrupted before any checkpoint was written; the same command starts again "
+                                   "from round 1") from None
         return {"config": history.config,
                 "final": {k: history.final[k] for k in ("global_accuracy", "mean_client_accuracy")},
                 "rounds": [{k: r[k] for k in ROUND_KEYS} for r in history.rounds],
@@ -160,9 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(err, 2, args.debug)
     try:
         out = work()
-    except KeyboardInterrupt:
-        print("error: interrupted; the last checkpoint is kept, and the same command resumes from it",
-              file=sys.stderr)
+    except (KeyboardInterrupt, Interrupted) as err:
+        print(f"error: {err if isinstance(err, Interrupted) else 'interrupted'}", file=sys.stderr)
         return 130
     except Exception as err:
         return _fail(err, 1, args.debug)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 import typing
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ from .engine import INIT, Simulation, SimulationState, derive_seed
 from .models import MODELS, build_model, meta_model
 from .parallel import available_cores
 from .params import OneOf, Range, check_value
-from .store import (Archive, History, _atomic_write, _read_result, _read_state, _write_state, cache_key, code_version,
-                    cpu_model, default_cache_dir, library_versions)
+from .store import (Archive, History, _atomic_write, _read_result, _read_state, _write_state, cache_key, check_writable,
+                    code_version, cpu_model, default_cache_dir, library_versions)
 
 log = logging.getLogger("fedlab_core")
 
@@ -320,6 +321,8 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
         found = stored(config, cache_dir=folder, device=device, keep_state=keep_state)
         if found is not None:
             return found
+        check_writable(folder, "cache_dir" if cache_dir is not None else
+                       "FEDLAB_CACHE_DIR" if os.environ.get("FEDLAB_CACHE_DIR") else "the default cache folder")
     with one_thread():
         history = _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
                        progress, keep_state, on_diverge)

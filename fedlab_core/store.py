@@ -135,6 +135,17 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "fedlab_core" / "runs"
 
 
+def check_writable(folder: Path, field: str) -> None:
+    """Raise ValueError, in one line naming `field` (the setting that chose the folder), unless a run can
+    write its results and checkpoints into `folder` (made if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{field}: cannot write the run cache in {folder}: {err.strerror or err}") from None
+
+
 def _atomic_write(path: Path, write) -> None:
     """Write through a temporary file in the same folder and rename it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -389,3 +389,27 @@ def test_a_crafted_or_damaged_final_state_is_refused_and_the_run_is_kept_again(t
     _, third = trained(config, cache_dir=tmp_path)
     assert (tmp_path / f"{final.name}.damaged").exists()
     assert torch.equal(third.server["weights"], state.server["weights"])
+
+
+def test_cli_interrupt_says_whether_a_checkpoint_was_kept(cache, capsys, monkeypatch):
+    from fedlab_core.store import cache_key
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs_module, "run", interrupted)
+    assert cli.main(["run", *DIGITS]) == 130
+    assert capsys.readouterr().err.strip() == ("error: interrupted before any checkpoint was written; the same command "
+                                               "starts again from round 1")
+    config = cli._config(cli.parser().parse_args(["run", *DIGITS]))
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / f"{cache_key(config, torch.device('cpu'))}.ckpt").write_bytes(b"")
+    assert cli.main(["run", *DIGITS]) == 130
+    assert capsys.readouterr().err.strip() == ("error: interrupted; the last checkpoint is kept, and the same command "
+                                               "resumes from it")
+
+
+def test_cli_help_says_what_an_unset_default_means():
+    text = cli.parser()._subparsers._group_actions[0].choices["run"].format_help()
+    assert "None" not in text
+    assert "local learning rate (default: the method's own, its paper's setting)" in " ".join(text.split())

@@ -287,3 +287,30 @@ def test_cli_stop_at_plateau_is_a_flag(tmp_path):
     assert doc["config"]["stop_at_plateau"] is True and doc["meta"]["stopped_at_plateau"] is None  # too few rounds
     help_text = _cli("run", "--help").stdout
     assert "--stop-at-plateau, --no-stop-at-plateau" in help_text
+
+
+def test_clients_without_test_samples_are_left_out_of_the_mean_not_a_crash(tiny, tmp_path):
+    from fedlab_core.data.base import digest
+
+    assert digest(torch.zeros(0, 1, 8, 8)) != digest(torch.zeros(0, 1, 8, 7))  # an empty tensor hashes by its shape
+    h = run(tiny.replace(num_clients=6, max_test_samples=3, num_rounds=1), cache_dir=tmp_path)
+    per_client = np.array(h.final["client_accuracy"], dtype=float)
+    empty = np.isnan(per_client)
+    assert 3 <= empty.sum() < 6   # three test images for six clients: at least three clients have none
+    assert h.final["mean_client_accuracy"] == pytest.approx(per_client[~empty].mean())
+
+
+def test_an_unwritable_cache_folder_is_refused_before_any_data_loads(tiny, tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data loaded before the cache folder was checked")
+
+    monkeypatch.setattr(runs_module, "load_dataset", no_data)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FEDLAB_CACHE_DIR", str(blocker / "runs"))
+    with pytest.raises(ValueError, match=r"^FEDLAB_CACHE_DIR: cannot write the run cache in .*a-file/runs"):
+        run(tiny)
+    with pytest.raises(ValueError, match=r"^cache_dir: cannot write"):
+        run(tiny, cache_dir=blocker)
+    monkeypatch.setattr(runs_module, "load_dataset", load_dataset)
+    assert run(tiny, use_cache=False).final["mean_client_accuracy"] >= 0  # no cache: nothing to write, no check

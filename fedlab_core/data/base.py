@@ -63,7 +63,8 @@ def digest(*tensors: torch.Tensor) -> str:
     for t in tensors:
         a = t.detach().cpu().contiguous().numpy()
         h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
+        if a.size:  # an empty tensor has no bytes (and a view with a zero in its shape cannot be cast)
+            h.update(memoryview(a).cast("B"))
     return h.hexdigest()[:16]
 
 
