@@ -235,7 +235,7 @@ def test_smoke_ot_alignment_headline_numbers(smoke_book):
     # ... so the images mapped onto it are erased, while the sound and joint variants keep them, and the paper's
     # entropic map per channel (reg 0.1) flattens them without erasing them
     assert glue["paper_code_pixel_mean"] == pytest.approx(1 / pixels, rel=0.5)
-    assert glue["feature_paper_code_contrast"] < 0.2 and glue["feature_paper_code_correlation"] < 0.5
+    assert glue["feature_paper_code_contrast"] < 0.01   # the scale is gone (POT 0.9.5's continuous map keeps the order)
     for v in ("sound", "joint"):
         assert 0.5 < glue[f"feature_{v}_contrast"] < 1.2 and glue[f"feature_{v}_correlation"] > 0.8
     assert glue["feature_paper_code_contrast"] < glue["feature_channel_contrast"] < glue["feature_sound_contrast"]
