@@ -17,13 +17,18 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: env data browser mathjax book labs test verify bench lab clean
 
-env: $(STAMP)  ## the virtual environment with the package installed in editable mode
+KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
+
+env: $(STAMP) $(KERNEL_CONFIG)  ## the virtual environment with the package installed in editable mode
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[ray,test]'
 	touch $(STAMP)
+
+$(KERNEL_CONFIG): book/ipython_kernel_config.py | $(STAMP)  # the notebooks' kernels: no TCP warning on every start
+	mkdir -p $(dir $@) && cp $< $@
 
 data: env  ## the embedded dataset: Debian's Fashion-MNIST, else torchvision's download into data/
 	@if [ -f $(FASHION_DIR)/train-images-idx3-ubyte.gz ]; then \
@@ -40,7 +45,7 @@ browser:  ## Debian's Chromium and ChromeDriver, for the test that opens the bui
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
 		echo "Chromium: $$(command -v chromium)"; \
 	else \
-		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium chromium-driver; \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
 	fi
 
 mathjax: $(MATHJAX)/tex-mml-chtml.js  ## MathJax $(MATHJAX_VERSION) from npm's registry, copied into the book
@@ -60,7 +65,7 @@ labs: env  ## the labs' student (labs/release) and solution (labs/solution) sets
 	$(PY) -c "from fedlab_core import labs; print(*(f'{k}: {v}' for k, v in labs.build_sets().items()), sep='\\n')"
 
 test: env data browser mathjax  ## the whole test suite, from scratch
-	MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$(mktemp -d) $(PY) -m pytest -q
+	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$cache $(PY) -m pytest -q
 
 verify: env data  ## the archive against the code: first rounds of one run per method/data/model/split (ALL=1: every run in full)
 	$(PY) -m fedlab_core.book --verify $(if $(ALL),--all)

@@ -25,7 +25,7 @@ import typing
 from typing import Any, Callable, Mapping
 
 from .params import OneOf
-from .runs import FIELD_CONSTRAINTS, RunConfig
+from .runs import FIELD_CONSTRAINTS, PARTITION_OPTIONS, RunConfig
 from .store import _finite
 
 ALIASES = {"num_rounds": ["--rounds"], "partition": ["--scheme"]}
@@ -126,7 +126,34 @@ def _config(a: argparse.Namespace) -> RunConfig:
                 given[name] = _params(given[name])
             except ValueError as err:
                 raise ValueError(f"{name}: {err}") from None
+    partition = given.get("partition", RunConfig.partition)
+    for name in given.keys() & PARTITION_OPTIONS.keys():
+        if partition not in PARTITION_OPTIONS[name]:  # the library would reset it: refuse rather than ignore it
+            users = PARTITION_OPTIONS[name]
+            raise ValueError(f"{name}: partition {partition!r} does not use it (only {' and '.join(map(repr, users))} "
+                             f"{'does' if len(users) == 1 else 'do'}); leave it out")
     return RunConfig(**given)
+
+
+def _flag(name: str, argv: list[str]) -> str:
+    """The option the user typed for field `name` (an alias such as --rounds if that one), else its own."""
+    options = [f"--{name.replace('_', '-')}", *ALIASES.get(name, [])]
+    if name in MAPPINGS:
+        options = [MAPPINGS[name]]
+    typed = [o for o in options if any(a == o or a.startswith(o + "=") for a in argv)]
+    return (typed or options)[0]
+
+
+def cli_message(text: str, argv: list[str]) -> str:
+    """A library error as a command-line user reads it: fields named by the flags typed (the leading one,
+    and, unquoted, any other that is no English word: one with an underscore, or dh), and "None", which no
+    flag can give, said as leaving the option out."""
+    name, sep, rest = text.partition(":")
+    if sep and name in RunConfig.__dataclass_fields__:
+        text = f"{_flag(name, argv)}:{rest}"
+    text = re.sub(r"(?<![-\w'])([a-z]+_[a-z_]+|dh)\b(?!')",
+                  lambda m: _flag(m[1], argv) if m[1] in RunConfig.__dataclass_fields__ else m[1], text)
+    return text.replace(" or None (null)", " (or leave the option out)")
 
 
 def prepare_run(a: argparse.Namespace) -> Callable[[], dict]:
@@ -169,12 +196,13 @@ def prepare_partition(a: argparse.Namespace) -> Callable[[], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:
         work = prepare_run(args) if args.command == "run" else prepare_partition(args)
     except (ValueError, FileNotFoundError) as err:  # invalid input or a missing model file: nothing was loaded or written
-        return _fail(err, 2, args.debug)
+        return _fail(type(err)(cli_message(str(err), argv)), 2, args.debug)
     try:
         out = work()
     except (KeyboardInterrupt, Interrupted) as err:
@@ -216,7 +244,10 @@ def _human(command: str, out: Mapping[str, Any]) -> str:
         glob = ("no global model" if final["global_accuracy"] is None
                 else f"final global accuracy {final['global_accuracy']:.4f}")
         lines.append(f"{glob}, mean client accuracy {final['mean_client_accuracy']:.4f}")
-    lines.append(f"{samples['train']} training and {samples['test']} test samples; cache key {out['meta']['key']}")
+    held_out = "validation" if out["config"]["validation"] else "test"  # a validation run scores held-out training data
+    lines.append(f"{samples['train']} training and {samples['test']} {held_out} samples; cache key {out['meta']['key']}")
+    if out["meta"]["resumed_from_round"]:
+        lines.append(f"resumed from the checkpoint after round {out['meta']['resumed_from_round']}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from .algorithms import ALGORITHMS, NonFiniteLossError, Training
+from .algorithms.base import local_samples
 from .augment import AUGMENTS
 from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset
 from .data.transforms import TRAIN_TRANSFORMS
@@ -74,7 +75,7 @@ class RunConfig:
     fraction: float = 1.0                           # fraction of clients sampled per round, in (0, 1]
     clients_per_round: int = 0                      # if > 0: sample exactly this many clients per round
     # local training (None: the method's own, its paper's setting)
-    local_epochs: int | None = None                # local passes over the data per round
+    local_epochs: int | None = None                # local passes over the data per round (at most 1000)
     local_steps: int | None = None                  # if > 0: local mini-batches per round instead of epochs
     batch_size: int | None = None                   # local mini-batch size
     optimizer: str | None = None                    # "sgd" or "adam"
@@ -98,7 +99,8 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def partition_options(self) -> dict[str, Any]:
-        """The options of the chosen partition scheme, and only those."""
+        """The options of the chosen partition scheme, and only those (the others are at their defaults:
+        :func:`validate` resets every option the scheme ignores, so one split has one cache key)."""
         return {
             "dirichlet": {"alpha": self.alpha, "min_size": self.min_size},
             "quantity": {"beta": self.beta, "min_size": self.min_size},
@@ -120,6 +122,10 @@ class RunConfig:
 
 FINITE = math.inf  # an open upper bound at infinity: "finite"
 
+# The partition options and the schemes that read them; validate() resets an option its scheme ignores.
+PARTITION_OPTIONS = {"alpha": ("dirichlet",), "beta": ("quantity",), "min_size": ("dirichlet", "quantity"),
+                     "dh": ("distrans",), "classes_per_client": ("distrans", "pathological")}
+
 # The ranges and allowed values of RunConfig's fields; their types are the field annotations.
 FIELD_CONSTRAINTS = {
     "algorithm": OneOf(*sorted(ALGORITHMS)), "augment": OneOf(*sorted(AUGMENTS)), "model": OneOf("auto", *sorted(MODELS)),
@@ -128,7 +134,7 @@ FIELD_CONSTRAINTS = {
     "dh": Range(0, 1), "classes_per_client": Range(1), "beta": Range(0, FINITE, True, True), "min_size": Range(0),
     "num_clients": Range(1), "validation": Range(0, 1, high_open=True), "validation_monitor": Range(0, 1, high_open=True), "num_rounds": Range(1),
     "fraction": Range(0, 1, low_open=True),
-    "clients_per_round": Range(0), "local_epochs": Range(1), "local_steps": Range(0), "batch_size": Range(1),
+    "clients_per_round": Range(0), "local_epochs": Range(1, 1000), "local_steps": Range(0), "batch_size": Range(1),
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
     "eval_every": Range(1), "seed": Range(0), "train_transform": OneOf(*TRAIN_TRANSFORMS),
 }
@@ -150,6 +156,9 @@ def validate(c: RunConfig) -> None:
     object.__setattr__(c, "algorithm_params", ALGORITHMS[c.algorithm].check_params(c.algorithm_params, "algorithm_params"))
     object.__setattr__(c, "augment_params", AUGMENTS[c.augment].check_params(c.augment_params, "augment_params"))
     object.__setattr__(c, "dataset_params", check_dataset_params(c.dataset, c.dataset_params))
+    for name, schemes in PARTITION_OPTIONS.items():
+        if c.partition not in schemes:  # ignored by this scheme: its default, so the cache key does not carry it
+            object.__setattr__(c, name, RunConfig.__dataclass_fields__[name].default)
     if c.validation and c.validation_monitor:
         raise ValueError("validation_monitor: must be 0 when validation is set (the run is already scored on held-out "
                          f"training data); got {c.validation_monitor}")
@@ -174,8 +183,10 @@ def validate(c: RunConfig) -> None:
     if available is not None:
         needed = c.num_clients * (c.min_size if c.partition in ("dirichlet", "quantity") else 1)
         if needed > available:
+            source = (f"max_train_samples keeps {available}" if available == c.max_train_samples
+                      else f"{c.dataset!r} provides {available}")
             raise ValueError(f"num_clients: {c.num_clients} clients need at least {needed} training samples, "
-                             f"but {c.dataset!r} provides {available}")
+                             f"but {source}")
     _check_model(c)
 
 
@@ -355,6 +366,24 @@ def _to_archive(history: History, config: RunConfig, device: torch.device, final
     if Archive.writing():
         state = _read_state(final_path, key, device) if final_path is not None else None
         Archive().add(history, config, device, state)
+
+
+def samples_trained(history: History) -> list[int]:
+    """The training samples each round's local updates went through, from the run's own record (its
+    clients' training sizes and its resolved local training): every client's local epochs over its data, or
+    its local steps' mini-batches, as :meth:`~fedlab_core.algorithms.Algorithm.batches` draws them. Methods
+    whose clients train through that loop only (FedAvg and most). Raises ValueError for a round in which a
+    client sat out or failed: which one is not recorded."""
+    sizes = [sum(row) for row in history.meta["class_counts"]]  # (clients,) training samples
+    training = Training(**history.meta["training"])
+    per_round = sum(local_samples(n, training) for n in sizes)
+    rows = []
+    for r in history.rounds:
+        if r["clients"] != len(sizes) or r["failed"]:
+            raise ValueError(f"round {r['round']}: {r['clients']} of {len(sizes)} clients took part and {r['failed']} "
+                             f"failed; the record does not say which, so the samples trained are unknown")
+        rows.append(per_round)
+    return rows
 
 
 def rerun(history: History, rounds: int | None = None, workers: int | None = None) -> list[dict[str, Any]]:

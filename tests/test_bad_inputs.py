@@ -55,10 +55,10 @@ def _files(folder: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------------ CLI
 
 CLI_CASES = [  # (arguments of `run`, a fragment the one-line message must contain)
-    (["--algorithm", "fedprox", "--algorithm-param", "mu=abc"], "algorithm_params: 'fedprox' parameter 'mu' must be a number >= 0; got 'abc'"),
-    (["--algorithm", "fedprox", "--algorithm-param", "mu=-1"], "algorithm_params: 'fedprox' parameter 'mu' must be a number >= 0"),
-    (["--algorithm", "fedprox", "--algorithm-param", "beta=1"], "algorithm_params: 'fedprox' has no parameter 'beta'; it accepts: mu"),
-    (["--algorithm", "fedprox", "--algorithm-param", "mu"], "algorithm_params: expected KEY=VALUE, got 'mu'"),
+    (["--algorithm", "fedprox", "--algorithm-param", "mu=abc"], "--algorithm-param: 'fedprox' parameter 'mu' must be a number >= 0; got 'abc'"),
+    (["--algorithm", "fedprox", "--algorithm-param", "mu=-1"], "--algorithm-param: 'fedprox' parameter 'mu' must be a number >= 0"),
+    (["--algorithm", "fedprox", "--algorithm-param", "beta=1"], "--algorithm-param: 'fedprox' has no parameter 'beta'; it accepts: mu"),
+    (["--algorithm", "fedprox", "--algorithm-param", "mu"], "--algorithm-param: expected KEY=VALUE, got 'mu'"),
     (["--algorithm", "fedavgm", "--algorithm-param", "server_momentum=abc"], "'fedavgm' parameter 'server_momentum' must be a number in [0, 1)"),
     (["--algorithm", "scaffold", "--algorithm-param", "server_lr=x"], "'scaffold' parameter 'server_lr' must be a number > 0"),
     (["--algorithm", "distrans", "--algorithm-param", "aggregation=bogus"], "'distrans' parameter 'aggregation' must be one of 'none', 'avg', 'nn', 'nn+no'"),
@@ -69,46 +69,54 @@ CLI_CASES = [  # (arguments of `run`, a fragment the one-line message must conta
     (["--algorithm", "scaffold", "--algorithm-param", "sample_weighted=maybe"], "'scaffold' parameter 'sample_weighted' must be true or false"),
     (["--algorithm", "partialfed", "--algorithm-param", "keep_patterns=head.*"], "'partialfed' parameter 'keep_patterns' must be a list of strings"),
     (["--algorithm", "partialfed", "--algorithm-param", 'keep_patterns=["zzz*"]'], "pattern 'zzz*' matches no entry of MLP"),
-    (["--algorithm", "fraug", "--model", "resnet18_imagenet"], "model: 'resnet18_imagenet' needs its weights file"),
-    (["--algorithm", "fedbn", "--dataset", "fashion_mnist", "--model", "auto"], "model: 'lenet5' cannot be used here: 'fedbn' keeps each client's batch-norm layers local, and LeNet5 has no batch-norm layer"),
+    (["--algorithm", "fraug", "--model", "resnet18_imagenet"], "--model: 'resnet18_imagenet' needs its weights file"),
+    (["--algorithm", "fedbn", "--dataset", "fashion_mnist", "--model", "auto"], "--model: 'lenet5' cannot be used here: 'fedbn' keeps each client's batch-norm layers local, and LeNet5 has no batch-norm layer"),
     (["--algorithm", "fedfa"], "'fedfa' re-styles the statistics of convolutional feature maps, and MLP has no convolutional block"),
     (["--algorithm", "fedfa", "--model", "digit", "--algorithm-param", 'layers=["conv.99"]'], "'conv.99' is not a module of DigitModel"),
     (["--augment", "advprop"], "'advprop' normalises adversarial examples with auxiliary batch norm, and MLP has no batch-norm layer"),
-    (["--augment", "ot_align", "--augment-param", "variant=bogus"], "augment_params: 'ot_align' parameter 'variant' must be one of 'sound', 'channel', 'joint', 'paper-code'"),
-    (["--augment", "ot_align", "--augment-param", "variant=joint", "--augment-param", "solver=exact"], "augment_params: solver belongs to the sound and channel variants"),
+    (["--augment", "ot_align", "--augment-param", "variant=bogus"], "--augment-param: 'ot_align' parameter 'variant' must be one of 'sound', 'channel', 'joint', 'paper-code'"),
+    (["--augment", "ot_align", "--augment-param", "variant=joint", "--augment-param", "solver=exact"], "--augment-param: solver belongs to the sound and channel variants"),
     (["--augment", "fedrdn", "--augment-param", "draw=per_epoch"], "'fedrdn' parameter 'draw' must be one of 'per_image', 'per_batch'"),
     (["--augment", "mixup", "--augment-param", "alpha=-1"], "'mixup' parameter 'alpha' must be a number >= 0"),
     (["--augment", "naivemix", "--augment-param", "lam=2"], "'naivemix' parameter 'lam' must be a number in [0, 1]"),
-    (["--augment", "cutmix9"], "augment: must be one of"),
-    (["--dataset-param", "bogus=1"], "dataset_params: 'digits' has no parameter 'bogus'; it accepts: root, test_fraction, seed"),
-    (["--dataset-param", "test_fraction=1.5"], "dataset_params: 'digits' parameter 'test_fraction' must be a number in [0, 1)"),
+    (["--augment", "cutmix9"], "--augment: must be one of"),
+    (["--dataset-param", "bogus=1"], "--dataset-param: 'digits' has no parameter 'bogus'; it accepts: root, test_fraction, seed"),
+    (["--dataset-param", "test_fraction=1.5"], "--dataset-param: 'digits' parameter 'test_fraction' must be a number in [0, 1)"),
     (["--dataset", "fashion_mnist_domains", "--model", "lenet5", "--dataset-param", 'domains=["x"]'], "'domains' must be a non-empty list of 'original'"),
-    (["--model", "lenet5"], "model: 'lenet5' cannot take 'digits' images of shape (1, 8, 8)"),
+    (["--model", "lenet5"], "--model: 'lenet5' cannot take 'digits' images of shape (1, 8, 8)"),
     (["--dataset", "pacs", "--model", "alexnet_bn", "--dataset-param", "image_size=32"], "AlexNetBN needs image_size >= 63"),
-    (["--model", "vgg99"], "model: must be one of 'auto', "),
-    (["--dataset", "imagenet"], "dataset: must be one of"),
-    (["--partition", "zipf"], "partition: must be one of"),
-    (["--partition", "dirichlet", "--alpha", "0"], "alpha: must be a number > 0 and finite; got 0.0"),
-    (["--partition", "distrans", "--dh", "1.5"], "dh: must be a number in [0, 1]"),
-    (["--partition", "distrans"], "dh: partition 'distrans' needs exactly one of dh or classes_per_client"),
-    (["--partition", "pathological", "--classes-per-client", "11"], "classes_per_client: must lie in [1, 10]"),
-    (["--partition", "domain"], "partition: 'domain' needs a dataset with domains"),
-    (["--optimizer", "lbfgs"], "optimizer: must be one of 'sgd', 'adam'"),
-    (["--lr", "0"], "lr: must be a number > 0 and finite or None (null); got 0.0"),
-    (["--lr", "nan"], "lr: must be a number > 0 and finite or None (null); got nan"),
-    (["--lr", "inf"], "lr: must be a number > 0 and finite or None (null); got inf"),
-    (["--momentum", "1.5"], "momentum: must be a number in [0, 1)"),
-    (["--weight-decay", "-1"], "weight_decay: must be a number >= 0 and finite"),
-    (["--validation", "1.0"], "validation: must be a number in [0, 1)"),
-    (["--num-clients", "0"], "num_clients: must be an integer >= 1; got 0"),
-    (["--num-clients", "200", "--max-train-samples", "100"], "num_clients: 200 clients need at least 200 training samples"),
-    (["--max-train-samples", "-5"], "max_train_samples: must be an integer >= 0"),
-    (["--fraction", "1.5"], "fraction: must be a number in (0, 1]"),
-    (["--clients-per-round", "4"], "clients_per_round: must be <= num_clients (3)"),
-    (["--batch-size", "0"], "batch_size: must be an integer >= 1"),
-    (["--eval-every", "0"], "eval_every: must be an integer >= 1"),
-    (["--local-epochs", "0"], "local_epochs: must be an integer >= 1"),
-    (["--seed", "-1"], "seed: must be an integer >= 0"),
+    (["--model", "vgg99"], "--model: must be one of 'auto', "),
+    (["--dataset", "imagenet"], "--dataset: must be one of"),
+    (["--partition", "zipf"], "--partition: must be one of"),
+    (["--partition", "dirichlet", "--alpha", "0"], "--alpha: must be a number > 0 and finite; got 0.0"),
+    (["--partition", "distrans", "--dh", "1.5"], "--dh: must be a number in [0, 1]"),
+    (["--partition", "distrans"], "--dh: partition 'distrans' needs exactly one of --dh or --classes-per-client"),
+    (["--partition", "pathological", "--classes-per-client", "11"], "--classes-per-client: must lie in [1, 10]"),
+    (["--partition", "domain"], "--partition: 'domain' needs a dataset with domains"),
+    (["--optimizer", "lbfgs"], "--optimizer: must be one of 'sgd', 'adam'"),
+    (["--lr", "0"], "--lr: must be a number > 0 and finite (or leave the option out); got 0.0"),
+    (["--lr", "nan"], "--lr: must be a number > 0 and finite (or leave the option out); got nan"),
+    (["--lr", "inf"], "--lr: must be a number > 0 and finite (or leave the option out); got inf"),
+    (["--momentum", "1.5"], "--momentum: must be a number in [0, 1)"),
+    (["--weight-decay", "-1"], "--weight-decay: must be a number >= 0 and finite"),
+    (["--validation", "1.0"], "--validation: must be a number in [0, 1)"),
+    (["--num-clients", "0"], "--num-clients: must be an integer >= 1; got 0"),
+    (["--num-clients", "200", "--max-train-samples", "100"], "--num-clients: 200 clients need at least 200 training samples"),
+    (["--max-train-samples", "-5"], "--max-train-samples: must be an integer >= 0"),
+    (["--fraction", "1.5"], "--fraction: must be a number in (0, 1]"),
+    (["--clients-per-round", "4"], "--clients-per-round: must be <= --num-clients (3)"),
+    (["--batch-size", "0"], "--batch-size: must be an integer >= 1"),
+    (["--eval-every", "0"], "--eval-every: must be an integer >= 1"),
+    (["--local-epochs", "0"], "--local-epochs: must be an integer in [1, 1000]"),
+    (["--local-epochs", "1000000"], "--local-epochs: must be an integer in [1, 1000] (or leave the option out); got 1000000"),
+    (["--rounds", "0"], "--rounds: must be an integer >= 1; got 0"),
+    (["--num-rounds=0"], "--num-rounds: must be an integer >= 1; got 0"),
+    (["--num-clients", "700", "--max-train-samples", "600"], "--num-clients: 700 clients need at least 700 training samples, but --max-train-samples keeps 600"),
+    (["--num-clients", "5000"], "--num-clients: 5000 clients need at least 5000 training samples, but 'digits' provides 1347"),
+    (["--partition", "iid", "--alpha", "0.1"], "--alpha: partition 'iid' does not use it (only 'dirichlet' does); leave it out"),
+    (["--partition", "iid", "--min-size", "3"], "--min-size: partition 'iid' does not use it (only 'dirichlet' and 'quantity' do)"),
+    (["--partition", "dirichlet", "--dh", "0.5"], "--dh: partition 'dirichlet' does not use it (only 'distrans' does)"),
+    (["--seed", "-1"], "--seed: must be an integer >= 0"),
     (["--device", "tpu9"], "device: unknown device 'tpu9'; use auto, cpu, cuda or cuda:N"),
     (["--device", "cuda:7"], "device: 'cuda:7' asked for"),
     (["--checkpoint-every", "-1"], "checkpoint_every: must be an integer >= 0"),
@@ -280,7 +288,7 @@ def test_cli_in_a_subprocess_prints_one_line_and_exits_2(tmp_path):
                           "mu=abc", "--dataset", "digits"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "FEDLAB_CACHE_DIR": str(tmp_path / "c")})
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr == "error: algorithm_params: 'fedprox' parameter 'mu' must be a number >= 0; got 'abc'\n"
+    assert out.stderr == "error: --algorithm-param: 'fedprox' parameter 'mu' must be a number >= 0; got 'abc'\n"
     assert not (tmp_path / "c").exists()
 
 
@@ -413,3 +421,38 @@ def test_cli_help_says_what_an_unset_default_means():
     text = cli.parser()._subparsers._group_actions[0].choices["run"].format_help()
     assert "None" not in text
     assert "local learning rate (default: the method's own, its paper's setting)" in " ".join(text.split())
+
+
+def test_a_partition_option_the_scheme_ignores_is_reset_so_one_split_has_one_key(tiny):
+    plain = tiny.replace(partition="iid")
+    for ignored in ({"alpha": 0.1}, {"beta": 3.0}, {"min_size": 2}, {"dh": 0.5}, {"classes_per_client": 2}):
+        config = plain.replace(**ignored)
+        assert config == plain, ignored
+        assert runs_module.cache_key(config, torch.device("cpu")) == runs_module.cache_key(plain, torch.device("cpu"))
+    # the scheme that reads an option keeps it
+    assert tiny.replace(partition="dirichlet", alpha=0.1).alpha == 0.1
+    assert tiny.replace(partition="pathological", classes_per_client=3).classes_per_client == 3
+
+
+def _summary(validation=0.0, resumed=0):
+    return {"config": {"validation": validation},
+            "rounds": [{"round": 1, "global_accuracy": 0.5, "mean_client_accuracy": 0.4, "failed": 0,
+                        "bytes_up": 1e6, "bytes_down": 1e6}],
+            "final": {"global_accuracy": 0.5, "mean_client_accuracy": 0.4},
+            "meta": {"samples": {"train": 80, "test": 20}, "key": "abc", "resumed_from_round": resumed}}
+
+
+def test_cli_summary_names_validation_samples_and_says_when_a_run_resumed():
+    assert "80 training and 20 test samples" in cli._human("run", _summary())
+    assert "80 training and 20 validation samples" in cli._human("run", _summary(validation=0.2))
+    assert "resumed" not in cli._human("run", _summary())
+    assert cli._human("run", _summary(resumed=3)).endswith("resumed from the checkpoint after round 3")
+
+
+def test_cli_says_a_resumed_run_resumed(cache, capsys, monkeypatch):
+    argv = ["run", *DIGITS, "--rounds", "4"]
+    _interrupted_run(cli._config(cli.parser().parse_args(argv)), cache, monkeypatch)  # a checkpoint after round 2
+    status, out, _ = _cli(argv, capsys)
+    assert status == 0 and out.rstrip().endswith("resumed from the checkpoint after round 2")
+    status, out, _ = _cli(["run", *DIGITS, "--rounds", "3"], capsys)  # a run that was never interrupted
+    assert status == 0 and "resumed" not in out

@@ -314,3 +314,28 @@ def test_an_unwritable_cache_folder_is_refused_before_any_data_loads(tiny, tmp_p
         run(tiny, cache_dir=blocker)
     monkeypatch.setattr(runs_module, "load_dataset", load_dataset)
     assert run(tiny, use_cache=False).final["mean_client_accuracy"] >= 0  # no cache: nothing to write, no check
+
+
+@pytest.mark.parametrize("training", [dict(local_epochs=2), dict(local_steps=7), dict(local_steps=30, batch_size=13)],
+                         ids=["two epochs", "seven steps", "steps across passes"])
+def test_samples_trained_counts_what_the_clients_trained(training, tiny, monkeypatch):
+    from fedlab_core.algorithms import Algorithm
+
+    seen = []
+    original = Algorithm.train_step
+
+    def train_step(self, x, y, opt, client_state):
+        seen.append(len(x))
+        return original(self, x, y, opt, client_state)
+    monkeypatch.setattr(Algorithm, "train_step", train_step)
+    history = run(tiny.replace(**training), use_cache=False, progress=False, workers=1)
+    counted = runs_module.samples_trained(history)
+    assert counted == [sum(seen) // tiny.num_rounds] * tiny.num_rounds and sum(counted) == sum(seen)
+    if "local_epochs" in training:  # two passes over every client's data, less any trailing batch of one
+        assert counted[0] <= 2 * history.meta["samples"]["train"] and counted[0] > 1.9 * history.meta["samples"]["train"]
+
+
+def test_samples_trained_refuses_a_round_some_clients_sat_out(tiny):
+    history = run(tiny.replace(fraction=0.5), use_cache=False, progress=False, workers=1)
+    with pytest.raises(ValueError, match="round 1: 2 of 4 clients took part"):
+        runs_module.samples_trained(history)

@@ -72,6 +72,22 @@ class Training:
     train_transform: str = "none"  # random transform of every training batch (see fedlab_core.data.transforms)
 
 
+def pass_slices(n: int, batch_size: int) -> list[slice]:
+    """The mini-batches of one shuffled pass over `n` samples, as slices of the permutation; a trailing
+    batch of one sample is dropped (batch norm cannot train on it)."""
+    return [slice(s, min(s + batch_size, n)) for s in range(0, n, batch_size) if not (n - s == 1 and n > 1)]
+
+
+def local_samples(n: int, training: Training) -> int:
+    """The samples one client with `n` training samples goes through in a round of
+    :meth:`Algorithm.batches`: `local_epochs` passes, or `local_steps` mini-batches."""
+    sizes = [b.stop - b.start for b in pass_slices(n, training.batch_size)]
+    if not training.local_steps:
+        return training.local_epochs * sum(sizes)
+    full, rest = divmod(training.local_steps, len(sizes)) if sizes else (0, 0)
+    return full * sum(sizes) + sum(sizes[:rest])
+
+
 class FlatState:
     """A view of some of a module's floating-point state entries as one flat vector.
 
@@ -258,10 +274,8 @@ class Algorithm(Configurable):
         while done < passes:
             perm = torch.randperm(n, generator=rng).to(data.x_train.device)
             xs, ys = data.x_train[perm], data.y_train[perm]  # one gather per pass
-            for start in range(0, n, t.batch_size):
-                if n - start == 1 and n > 1:
-                    break
-                yield xs[start:start + t.batch_size], ys[start:start + t.batch_size]
+            for batch in pass_slices(n, t.batch_size):
+                yield xs[batch], ys[batch]
                 steps += 1
                 if steps == t.local_steps:
                     return
