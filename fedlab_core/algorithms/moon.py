@@ -14,11 +14,18 @@ Defaults as the paper and its code run CIFAR-10 (github QinbinLi/MOON, ``main.py
 5`` (1 on CIFAR-100 and Tiny-ImageNet), ``T = 0.5``; SGD lr 0.01, momentum 0.9, weight decay 1e-5,
 batch 64, 10 local epochs.
 
+The projection head
+-------------------
+The paper's network has three parts: a base encoder, a projection head and an output layer. Its code
+(``ModelFedCon``) makes the head ``Linear(D, D)``, ReLU, ``Linear(D, 256)``, puts the output layer on the
+projection (``Linear(256, classes)``) and contrasts the projections. ``projection_dim = 256`` builds that
+on any backbone of :mod:`fedlab_core.models` (``D`` the input size of its linear head, which the new
+output layer replaces): the head is part of the model, averaged like every other layer.
+``projection_dim = 0`` (the default here) is the head-less form: the contrast is on ``features(x)``,
+the input of the backbone's own linear head, with no extra parameters.
+
 Differences from the paper
 --------------------------
-- The paper's networks have a two-layer projection head between the encoder and the output layer and
-  contrast its outputs; ours contrast the model's ``features(x)`` (the input of the linear head), so no
-  extra parameters are added and MOON runs on every backbone of :mod:`fedlab_core.models`.
 - On a client's first participation there is no previous local model; as in the authors' code the
   global model stands in for it, so ``l_con = log 2`` with zero gradient and the first round is FedAvg.
 
@@ -56,6 +63,23 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
+class ProjectionHead(nn.Module):
+    """MOON's projection head and output layer on a ``D``-dimensional representation:
+    ``project(z) = l2(relu(l1(z)))``, ``(B, D) -> (B, out_dim)``, and ``forward(z) = l3(project(z))``, the
+    class scores ``(B, classes)``."""
+
+    def __init__(self, in_dim: int, out_dim: int, num_classes: int):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(in_dim, in_dim), nn.Linear(in_dim, out_dim)
+        self.l3 = nn.Linear(out_dim, num_classes)
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        return self.l2(F.relu(self.l1(z)))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.l3(self.project(z))
+
+
 def _frozen_copy(model: nn.Module) -> nn.Module:
     frozen = copy.deepcopy(model).eval()
     frozen.requires_grad_(False)
@@ -70,18 +94,27 @@ class MOON(Algorithm):
     training : local training settings.
     mu : weight of the contrastive term.
     temperature : T in ``l_con``.
+    projection_dim : output size of the projection head (the paper's code: 256); 0: no head, the contrast
+        is on ``features(x)``.
     """
 
     name = "moon"
     paper_training = Training(lr=0.01, momentum=0.9, weight_decay=1e-5, batch_size=64, local_epochs=10)
-    constraints = {"mu": Range(0), "temperature": Range(0, low_open=True)}
+    constraints = {"mu": Range(0), "temperature": Range(0, low_open=True), "projection_dim": Range(0)}
 
-    def __init__(self, training: Training | None = None, mu: float = 5.0, temperature: float = 0.5):
+    def __init__(self, training: Training | None = None, mu: float = 5.0, temperature: float = 0.5,
+                 projection_dim: int = 0):
         super().__init__(training)
         self.mu = mu
         self.temperature = temperature
+        self.projection_dim = projection_dim
 
     def init(self, model, federation):
+        if self.projection_dim and not isinstance(model.head, ProjectionHead):
+            # the output layer moves onto the projection; drawn from the run's model-initialisation stream
+            linear = model.head
+            model.head = ProjectionHead(linear.in_features, self.projection_dim, linear.out_features).to(
+                linear.weight.device)
         server = super().init(model, federation)
         self.whole = FlatState(model)  # every float entry: what "the previous local model" is
         # Frozen workspaces for the global and previous models (their weights come from the states)
@@ -100,10 +133,20 @@ class MOON(Algorithm):
         client_state["previous"] = self.whole.get()
         return self.upload(data, loss, client_state), client_state
 
+    def representation(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """What the contrastive term compares: the projection (B, projection_dim), or features(x) (B, D)."""
+        z = model.features(x)
+        return model.head.project(z) if self.projection_dim else z
+
     def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
-        z = self.model.features(x)  # (B, D)
-        ce = F.cross_entropy(self.model.head(z), y)
+        h = self.model.features(x)  # (B, D)
+        if self.projection_dim:
+            z = self.model.head.project(h)  # (B, projection_dim)
+            logits = self.model.head.l3(z)
+        else:
+            z, logits = h, self.model.head(h)
+        ce = F.cross_entropy(logits, y)
         with torch.no_grad():
-            z_glob = self.global_copy.features(x)  # (B, D)
-            z_prev = self.previous_copy.features(x) if self._has_previous else z_glob
+            z_glob = self.representation(self.global_copy, x)
+            z_prev = self.representation(self.previous_copy, x) if self._has_previous else z_glob
         return ce + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature)
