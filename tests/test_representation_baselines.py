@@ -219,6 +219,16 @@ def test_fedproto_learns_digits_with_and_without_model_sharing(digits_iid):
     assert FedProto.global_model is False and FedProtoShared.global_model is True
 
 
+def test_fedproto_with_every_client_taking_part_regularises_every_sample_from_round_2():
+    # the case where the paper's-code denominator (the whole batch) and ours (samples with a prototype) agree
+    fed = federate(load_dataset("digits"), "pathological", 5, seed=0, classes_per_client=2)
+    algo = FedProto(Training(lr=0.1))
+    state = _run(algo, fed, 1)
+    for cid, client in enumerate(fed.clients):
+        sent = set(algo.server_message(state.server, cid).tensors["classes"].tolist())
+        assert set(client.y_train.unique().tolist()) <= sent
+
+
 # ----------------------------------------------------------------------------- FedAwS
 
 def test_spreadout_regulariser_by_hand():

@@ -12,6 +12,15 @@ keeps its previous global prototype. The local loss is
 
 where the mean runs over the batch samples whose class has a global prototype (none in round 1).
 
+The paper writes the regulariser as a sum over classes of distances between the client's local
+prototype and the global one; its code (github yuetan031/fedproto, ``lib/update.py``) regularises
+every sample's representation towards its class's global prototype, as here, with ``nn.MSELoss`` over
+the whole batch: a sample whose class has no global prototype is compared with itself and counts in the
+denominator with zero. The two means differ by the factor (batch size) / (samples with a prototype),
+and only in a round where some class of a client's batch has no global prototype: with every client
+taking part, every class a client holds was uploaded in round 1, so from round 2 on the two are the same;
+they can differ when clients are sampled and a class's holders have not yet taken part.
+
 Two methods
 -----------
 - ``fedproto`` (:class:`FedProto`, the paper's method): only prototypes travel; each client keeps its
