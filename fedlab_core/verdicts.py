@@ -572,6 +572,21 @@ class Verdicts:
         parts = ", ".join(f"{n} {k}" for k, n in counts.items())
         return f"{len(self.items)} verdict{'s' if len(self.items) != 1 else ''}" + (f": {parts}" if parts else "")
 
+    def findings(self) -> str:
+        """What a page found, in Markdown, for its opening: how many claims the rule decided (every decision
+        stands on converged runs and at least :data:`MIN_SEEDS` seeds), each decided claim with its outcome
+        and our number, and the undecided ones counted by why."""
+        decided = [v for v in self.items if v.decided]
+        n = len(self.items)
+        lines = [f"**What we found.** The rule decided {len(decided)} of the {n} claim{'s' if n != 1 else ''} "
+                 f"judged on this page" + (f", each on converged runs and at least {MIN_SEEDS} seeds:" if decided else ".")]
+        if decided:
+            lines += [""] + [f"- *{v.label}*: {v.claim} ({v.evidence})" for v in decided]
+        undecided = Verdicts([v for v in self.items if not v.decided])
+        if undecided.items:
+            lines += ["", f"Undecided: {undecided.summary().partition(': ')[2]}."]
+        return "\n".join(lines)
+
     def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):
         """The accuracy curves behind every verdict judged on training runs: one panel per verdict, the claimed
         better side (solid) and the other (dashed), mean over seeds with a min-max band (where runs stopped at

@@ -455,6 +455,21 @@ def test_book_pages_and_status_page_are_built(smoke_book):
     assert "quickstart" in status and "heterogeneity" in status and "smoke" in status
 
 
+JUDGING = ("distrans_toys", "distrans", "distrans_ablations", "ot_alignment", "ot_fedavg", "fedrdn", "fedrdn_analysis",
+           "fraug")
+
+
+@pytest.mark.parametrize("stem", JUDGING)
+def test_a_judging_chapter_opens_with_what_it_found_and_folds_its_code(smoke_book, stem):
+    html = (smoke_book[1] / "chapters" / f"{stem}.html").read_text()
+    cells = re.findall(r'<div class="(cell [^"]*)"', html)  # myst-nb: "cell tag_<tag> ... docutils container"
+    assert cells and all("tag_hide-input" in c or "tag_parameters" in c for c in cells), cells
+    assert sum("tag_parameters" in c for c in cells) == 1
+    # computed from the page's verdicts, above its parameters: one seed decides nothing
+    assert html.index("What we found") < html.index("tag_parameters")
+    assert re.search(r"The rule decided 0 of the \d+ claims? judged on this page", html)
+
+
 @pytest.fixture(scope="session")
 def served_html(smoke_book):
     class Quiet(http.server.SimpleHTTPRequestHandler):

@@ -307,6 +307,23 @@ def test_chapter_tally_and_table():
     assert table["ours"][2].endswith("claimed 0.99")
 
 
+def test_findings_list_the_decided_claims_and_count_the_undecided_by_why():
+    book = Verdicts()
+    book.add(order([0.8, 0.81, 0.82, 0.8, 0.81], [0.7] * 5, "A beats B"))
+    book.add(order([0.8] * 5, [0.7] * 5, "A beats D", converged=False))   # would hold, but not converged
+    book.add(order([0.8, 0.81], [0.7, 0.7], "A beats C"))
+    book.add(order([0.7] * 5, [0.8, 0.81, 0.82, 0.8, 0.81], "A beats E"))
+    text = book.findings()
+    assert text.startswith("**What we found.** The rule decided 2 of the 4 claims judged on this page, each on "
+                           "converged runs and at least 5 seeds:")
+    assert "- *held*: A beats B (d = +0.108" in text and "- *not held (reversed)*: A beats E (d = -0.108" in text
+    assert "A beats D" not in text and "A beats C" not in text   # undecided claims are counted, not listed
+    assert text.endswith("Undecided: 1 inconclusive (not converged), 1 inconclusive (fewer than 5 seeds).")
+    alone = Verdicts([book.items[1]]).findings()
+    assert alone == ("**What we found.** The rule decided 0 of the 1 claim judged on this page.\n\n"
+                     "Undecided: 1 inconclusive (not converged).")
+
+
 def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
     import matplotlib
     matplotlib.use("Agg")
