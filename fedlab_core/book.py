@@ -174,6 +174,48 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
     return ran
 
 
+def _literal(value: Any) -> str:
+    """`value` as Python source in the notebooks' style (double-quoted strings)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def show_parameters_run(nb: nbformat.NotebookNode, params: dict[str, Any], profile: str) -> None:
+    """Make an executed notebook's one visible parameters cell show the values it ran with: each value the
+    profile changed replaces the default in place (the line's comment kept, the default named), a first
+    line names the profile, and papermill's injected cell, which says the same, is removed from the page."""
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    lines = cell.source.splitlines()
+    for node in reversed(ast.parse(cell.source).body):  # bottom up: earlier line numbers stay valid
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name = node.targets[0].id
+        if name not in params:
+            continue
+        try:
+            default = ast.literal_eval(node.value)
+        except ValueError:
+            default = None
+        if default == params[name]:
+            continue
+        first, last = node.lineno - 1, node.end_lineno - 1
+        comment = lines[last].encode()[node.value.end_col_offset:].decode().partition("#")[2].strip()  # offsets: bytes
+        was = " ".join(ast.get_source_segment(cell.source, node.value).split())
+        note = (f"{comment} " if comment else "") + f"({profile} profile; book: {was})"
+        lines[first:last + 1] = [f"{name} = {_literal(params[name])}  # {note}"]
+    lines.insert(0, f"# the {profile} profile's values, as this page ran (book/profiles.yml)")
+    cell.source = "\n".join(lines)
+    for c in nb.cells:
+        tags = c.metadata.get("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            c.metadata["tags"] = [*tags, "remove-cell"]
+
+
 def _execute_one(notebooks: Path, chapters: Path, stem: str, profile: str, params: dict[str, Any], stamp: str) -> float:
     """Execute one chapter with papermill and record its stamp and time in the executed notebook; returns the
     seconds it took."""
@@ -191,10 +233,7 @@ def _execute_one(notebooks: Path, chapters: Path, stem: str, profile: str, param
         if backend is not None:
             os.environ["MPLBACKEND"] = backend
     nb = nbformat.read(target, as_version=4)
-    for cell in nb.cells:   # papermill's injected values fold away: the page shows one parameters cell
-        tags = cell.metadata.get("tags", [])
-        if "injected-parameters" in tags and "hide-input" not in tags:
-            cell.metadata["tags"] = [*tags, "hide-input"]
+    show_parameters_run(nb, params, profile)
     nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
                              "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     nbformat.write(nb, target)

@@ -93,7 +93,7 @@ def test_rerun_executes_only_what_changed(tmp_path, monkeypatch):
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]
     assert book.read_glue(chapters / "tiny.ipynb") == {"text": "hellohellohello"}
     tags = [c.metadata.get("tags", []) for c in nbformat.read(chapters / "tiny.ipynb", as_version=4).cells]
-    assert tags[:2] == [["parameters"], ["injected-parameters", "hide-input"]]   # the page shows one, folds the other
+    assert tags[:2] == [["parameters"], ["injected-parameters", "remove-cell"]]  # the page shows one cell, the values run
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == []          # nothing changed
     profiles["tiny"]["smoke"]["REPEAT"] = 1
     assert book.execute("smoke", notebooks, chapters, toc, profiles) == ["tiny"]   # a parameter changed
@@ -102,6 +102,31 @@ def test_rerun_executes_only_what_changed(tmp_path, monkeypatch):
     assert book.execute("book", notebooks, chapters, toc, profiles, force=["tiny"]) == ["tiny"]  # asked for
     status = book.write_status(chapters, toc).read_text()
     assert re.search(r"\| \[tiny\]\(tiny.ipynb\) \| book \| \d+ \|", status)
+
+
+def test_the_parameters_cell_shows_the_values_the_page_ran_with(tmp_path):
+    notebooks, chapters, toc = _tiny_book(tmp_path)
+    source = nbformat.read(notebooks / "tiny.ipynb", as_version=4)
+    source.cells[0].source = 'GREETING = "hello"   # what is said\nREPEAT = 2            # how often'
+    nbformat.write(source, notebooks / "tiny.ipynb")
+    profiles = {"tiny": {"book": {"GREETING": "hello", "REPEAT": 2}, "smoke": {"REPEAT": 3}}}
+    book.execute("smoke", notebooks, chapters, toc, profiles)
+    shown = nbformat.read(chapters / "tiny.ipynb", as_version=4).cells[0].source
+    assert shown.splitlines() == ["# the smoke profile's values, as this page ran (book/profiles.yml)",
+                                  'GREETING = "hello"   # what is said',
+                                  "REPEAT = 3  # how often (smoke profile; book: 2)"]
+    assert book.read_glue(chapters / "tiny.ipynb") == {"text": "hellohellohello"}
+    exec(shown, namespace := {})  # still Python: the downloadable notebook runs as the page shows
+    assert namespace["REPEAT"] == 3
+
+
+def test_show_parameters_run_keeps_every_statement_and_rewrites_multi_line_values():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('SEEDS = [0, 1, 2,\n         3, 4]  # one run per seed\nNAME = "±"  # é\n'
+                                          'RATE = 0.1', metadata={"tags": ["parameters"]})]
+    book.show_parameters_run(nb, {"SEEDS": [0], "NAME": "b", "RATE": 0.1}, "paper")
+    assert nb.cells[0].source.splitlines()[1:] == ["SEEDS = [0]  # one run per seed (paper profile; book: [0, 1, 2, 3, 4])",
+                                                   'NAME = "b"  # é (paper profile; book: "±")', "RATE = 0.1"]
 
 
 @pytest.fixture(scope="session")
