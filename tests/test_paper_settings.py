@@ -37,7 +37,7 @@ PAPER = {
     "distrans": Training(local_epochs=1, batch_size=32, lr=5e-3),
     "fraug": Training(local_steps=20, batch_size=64, lr=0.01, momentum=0.5),
 }
-PARAMS = {"fedprox": {"mu": 1.0}, "moon": {"mu": 5.0, "temperature": 0.5},
+PARAMS = {"fedprox": {"mu": 1.0}, "moon": {"mu": 5.0, "temperature": 0.5, "projection_dim": 256},
           "pfedme": {"lam": 15.0, "K": 5, "beta": 1.0, "personal_lr": 0.09, "sample_weighted": False},
           "pfedhn": {"server_lr": 1e-2, "server_momentum": 0.9, "server_weight_decay": 1e-3, "grad_clip": 50.0},
           "scaffold": {"server_lr": 1.0, "sample_weighted": False}, "fedproto": {"mu": 1.0, "distance": "mse"},

@@ -18,11 +18,11 @@ The projection head
 -------------------
 The paper's network has three parts: a base encoder, a projection head and an output layer. Its code
 (``ModelFedCon``) makes the head ``Linear(D, D)``, ReLU, ``Linear(D, 256)``, puts the output layer on the
-projection (``Linear(256, classes)``) and contrasts the projections. ``projection_dim = 256`` builds that
-on any backbone of :mod:`fedlab_core.models` (``D`` the input size of its linear head, which the new
-output layer replaces): the head is part of the model, averaged like every other layer.
-``projection_dim = 0`` (the default here) is the head-less form: the contrast is on ``features(x)``,
-the input of the backbone's own linear head, with no extra parameters.
+projection (``Linear(256, classes)``) and contrasts the projections. ``projection_dim = 256`` (the
+default) builds that on any backbone of :mod:`fedlab_core.models` (``D`` the input size of its linear
+head, which the new output layer replaces): the head is part of the model, averaged like every other
+layer. ``projection_dim = 0`` is the head-less form, an option: the contrast is on ``features(x)``, the
+input of the backbone's own linear head, with no extra parameters.
 
 Differences from the paper
 --------------------------
@@ -94,8 +94,8 @@ class MOON(Algorithm):
     training : local training settings.
     mu : weight of the contrastive term.
     temperature : T in ``l_con``.
-    projection_dim : output size of the projection head (the paper's code: 256); 0: no head, the contrast
-        is on ``features(x)``.
+    projection_dim : output size of the projection head (the paper's code's 256); 0: no head, the
+        contrast is on ``features(x)``.
     """
 
     name = "moon"
@@ -103,7 +103,7 @@ class MOON(Algorithm):
     constraints = {"mu": Range(0), "temperature": Range(0, low_open=True), "projection_dim": Range(0)}
 
     def __init__(self, training: Training | None = None, mu: float = 5.0, temperature: float = 0.5,
-                 projection_dim: int = 0):
+                 projection_dim: int = 256):
         super().__init__(training)
         self.mu = mu
         self.temperature = temperature
