@@ -330,6 +330,41 @@ def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[E
     return pd.DataFrame(out, columns=[*COLUMNS, "outcome", "category"])
 
 
+def first_screen(table: "pd.DataFrame") -> str:
+    """What the report's reader wants first, in Markdown, per paper: its claims judged on our runs (abstract
+    rows left out: they sum up the others), how many the rule decided and how (held, not held and why), each
+    decided claim linked to its chapter, and why the rest are undecided (not converged at the budget, fewer
+    than five seeds, a number not comparable on our data) or not judged at all (each entry's reason). Every
+    decision stands on converged runs with at least :data:`~.verdicts.MIN_SEEDS` seeds, so no count mixes
+    converged and unconverged outcomes."""
+    from .verdicts import MIN_SEEDS, OUTCOMES
+
+    def counted(categories) -> str:
+        counts: dict[str, int] = {}
+        for c in sorted(categories, key=lambda c: (OUTCOMES.index(c) if c in OUTCOMES else len(OUTCOMES), c)):
+            counts[c] = counts.get(c, 0) + 1
+        return ", ".join(f"{n} {c}" for c, n in counts.items())
+
+    out = [f"Every decision below stands on runs that passed the convergence test, with at least {MIN_SEEDS} seeds."]
+    for paper in PAPERS:
+        rows = table[(table["paper"] == paper) & (table["source"] != "abstract")]
+        judged = rows[rows["outcome"] != ""]
+        decided = judged[~judged["outcome"].isin(["inconclusive", "not comparable"])]
+        undecided = judged[judged["outcome"].isin(["inconclusive", "not comparable"])]
+        not_judged = rows[rows["verdict"] == "not judged"]
+        head = (f"**{paper}**: {len(judged)} claims judged on our runs, {len(decided)} decided"
+                + (f" ({counted(decided['category'])})" if len(decided) else "")
+                + (f"; {len(undecided)} undecided ({counted(undecided['category'])})" if len(undecided) else "")
+                + (f"; {len(not_judged)} of the paper's tables and figures not judged "
+                   f"({'; '.join(sorted(set(not_judged['evidence'])))})" if len(not_judged) else "") + ".")
+        out += ["", head]
+        if len(decided):
+            out.append("")
+            out += [f"- *{r['verdict']}*: {r['claim']} ([{r['chapter']}]({r['chapter']}.ipynb))"
+                    for _, r in decided.iterrows()]
+    return "\n".join(out)
+
+
 def write(table: "pd.DataFrame", stem: str | Path) -> tuple[Path, Path]:
     """The table as ``<stem>.csv`` (runs as their cache keys) and ``<stem>.json`` (everything, runs in full)."""
     stem = Path(stem)

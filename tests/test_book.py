@@ -456,6 +456,11 @@ def test_smoke_report_reads_every_chapters_results_and_writes_them_as_files(smok
     for chapter, res in results.items():
         assert f'id="{res["section"]}"' in (html / f"{chapter}.html").read_text(), (chapter, res["section"])
     assert any(html.parent.glob("_downloads/*/reproducibility_report.csv"))   # offered for download
+    # the first screen answers per paper, before the claim-by-claim tables; one seed decides nothing
+    page = (html / "report.html").read_text()
+    for paper in report.PAPERS:
+        assert page.index(f"<strong>{paper}</strong>: ") < page.index("Claim by claim"), paper
+    assert page.count("claims judged on our runs, 0 decided") == len(report.PAPERS)
 
 
 def test_smoke_head_to_head_headline_numbers(smoke_book):

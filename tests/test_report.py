@@ -164,3 +164,18 @@ def test_chapter_times_are_kept_for_the_book_profile_only(tmp_path, monkeypatch)
     assert book._timings("book") == {"distrans": 61.2}       # what the next build estimates the time left from
     assert book._timings("smoke") == {}
     assert json.loads((tmp_path / "chapter_seconds.json").read_text()) == {"distrans": 61.2}
+
+
+def test_first_screen_counts_per_paper_what_was_decided_and_why_the_rest_was_not(tmp_path):
+    found = chapter_verdicts()
+    a = [history(s, 0.8 + 0.01 * s, "distrans") for s in range(5)]
+    found.add(verdicts.beats(a[:2], a[:2], "Table 1, DH 40%: DisTrans beats itself"))      # two seeds only
+    report.record(found, "distrans", skipped={"Fig. 7": "UMAP_PER_CLIENT is 0"}, folder=tmp_path)
+    text = report.first_screen(report.claims_table(report.read(tmp_path), CATALOGUE))
+    distrans = text.split("**DisTrans**")[1].split("**OT preprocessing**")[0]
+    assert distrans.startswith(": 4 claims judged on our runs, 3 decided (2 held, 1 not held (reversed)); "
+                               "1 undecided (1 inconclusive (fewer than 5 seeds)); 2 of the paper's tables and "
+                               "figures not judged (UMAP_PER_CLIENT is 0; needs MRI volumes).")
+    assert "- *held*: Table 1, DH 80%: DisTrans beats FedAvg ([distrans](distrans.ipynb))" in distrans
+    assert "DisTrans beats itself" not in distrans           # undecided claims are counted, not listed
+    assert "**FRAug**: 0 claims judged on our runs, 0 decided." in text
