@@ -218,13 +218,14 @@ def _strength(row: Mapping[str, Any]) -> str:
 def _ours(row: Mapping[str, Any]) -> str:
     """Our number with the seed count: the mean per-seed difference of an ordering claim with the 95% interval
     the rule decided on; beside a claimed number, our mean ± standard deviation over the seeds (the sample's,
-    n - 1: the verdict's standard error times sqrt(n))."""
+    n - 1: the verdict's standard error times sqrt(n)); a difference in the paper's unit."""
+    from .verdicts import difference_text
+
     seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
     if row["mean"] is None:
         return f"{seeds}, a run diverged"
-    interval = f" [{row['low']:+.3f}, {row['high']:+.3f}]" if row.get("low") is not None else ""
     if row["claimed"] is None:
-        return f"d = {row['mean']:+.3f}{interval} ({seeds})"
+        return difference_text(row["mean"], row.get("low"), row.get("high"), row["seeds"], row["paper"])
     std = row["stderr"] * math.sqrt(row["seeds"]) if row["stderr"] is not None else 0.0
     return f"{row['mean']:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
 

@@ -367,3 +367,12 @@ def test_a_truncated_run_is_judged_on_its_rounds_up_to_the_budget():
     assert verdicts.truncated(h, 20) is h                         # a run that stopped before the budget is whole
     with pytest.raises(ValueError, match="last_round"):
         verdicts.truncated(h, 0)
+
+
+def test_a_difference_is_shown_in_the_papers_unit():
+    v = order([0.81, 0.82, 0.83, 0.81, 0.82], [0.8] * 5, "A beats B", paper="+3.98 points (Office-Caltech-10)")
+    assert v.evidence == f"d = {100 * v.mean:+.2f} points [{100 * v.low:+.2f}, {100 * v.high:+.2f}] (5 seeds)"
+    assert v.evidence.startswith("d = +1.80 points [")
+    same = order([0.81, 0.82, 0.83, 0.81, 0.82], [0.8] * 5, "A beats B", paper="+0.284 (CIFAR-10)")
+    assert same.evidence.startswith("d = +0.018 [")      # the paper's figure is an accuracy: ours too
+    assert verdicts.difference_text(0.5, math.nan, math.nan, 1, "-2 points") == "d = +50.00 points (1 seed)"
