@@ -128,7 +128,8 @@ def _config(a: argparse.Namespace) -> RunConfig:
                 raise ValueError(f"{name}: {err}") from None
     partition = given.get("partition", RunConfig.partition)
     for name in given.keys() & PARTITION_OPTIONS.keys():
-        if partition not in PARTITION_OPTIONS[name]:  # the library would reset it: refuse rather than ignore it
+        # a value the library would reset to its default: refuse it rather than ignore it
+        if partition not in PARTITION_OPTIONS[name] and given[name] != RunConfig.__dataclass_fields__[name].default:
             users = PARTITION_OPTIONS[name]
             raise ValueError(f"{name}: partition {partition!r} does not use it (only {' and '.join(map(repr, users))} "
                              f"{'does' if len(users) == 1 else 'do'}); leave it out")
