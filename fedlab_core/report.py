@@ -336,8 +336,9 @@ def first_screen(table: "pd.DataFrame") -> str:
     rows left out: they sum up the others), how many the rule decided and how (held, not held and why), each
     decided claim linked to its chapter, and why the rest are undecided (not converged at the budget, fewer
     than five seeds, a number not comparable on our data) or not judged at all (each entry's reason). Every
-    decision stands on converged runs with at least :data:`~.verdicts.MIN_SEEDS` seeds, so no count mixes
-    converged and unconverged outcomes."""
+    decision on training runs stands on converged runs with at least :data:`~.verdicts.MIN_SEEDS` seeds, so
+    no count mixes converged and unconverged outcomes; a deterministic count or cost is decided on its
+    measurement."""
     from .verdicts import MIN_SEEDS, OUTCOMES
 
     def counted(categories) -> str:
@@ -346,7 +347,9 @@ def first_screen(table: "pd.DataFrame") -> str:
             counts[c] = counts.get(c, 0) + 1
         return ", ".join(f"{n} {c}" for c, n in counts.items())
 
-    out = [f"Every decision below stands on runs that passed the convergence test, with at least {MIN_SEEDS} seeds."]
+    out = [f"Every decision below that rests on training runs stands on runs that passed the convergence test, with "
+           f"at least {MIN_SEEDS} seeds; a deterministic count or cost (bytes, a fitted exponent) is decided on its "
+           f"measurement."]
     for paper in PAPERS:
         rows = table[(table["paper"] == paper) & (table["source"] != "abstract")]
         judged = rows[rows["outcome"] != ""]

@@ -587,13 +587,15 @@ class Verdicts:
         return f"{len(self.items)} verdict{'s' if len(self.items) != 1 else ''}" + (f": {parts}" if parts else "")
 
     def findings(self) -> str:
-        """What a page found, in Markdown, for its opening: how many claims the rule decided (every decision
-        stands on converged runs and at least :data:`MIN_SEEDS` seeds), each decided claim with its outcome
-        and our number, and the undecided ones counted by why."""
+        """What a page found, in Markdown, for its opening: how many claims the rule decided (a claim on
+        training runs only when they converged, with at least :data:`MIN_SEEDS` seeds; a deterministic count
+        or cost on its measurement), each decided claim with its outcome and our number, and the undecided
+        ones counted by why."""
         decided = [v for v in self.items if v.decided]
         n = len(self.items)
         lines = [f"**What we found.** The rule decided {len(decided)} of the {n} claim{'s' if n != 1 else ''} "
-                 f"judged on this page" + (f", each on converged runs and at least {MIN_SEEDS} seeds:" if decided else ".")]
+                 f"judged on this page" + (f" (a claim on training runs only when they converged, with at least "
+                                           f"{MIN_SEEDS} seeds):" if decided else ".")]
         if decided:
             lines += [""] + [f"- *{v.label}*: {v.claim} ({v.evidence})" for v in decided]
         undecided = Verdicts([v for v in self.items if not v.decided])

@@ -314,8 +314,8 @@ def test_findings_list_the_decided_claims_and_count_the_undecided_by_why():
     book.add(order([0.8, 0.81], [0.7, 0.7], "A beats C"))
     book.add(order([0.7] * 5, [0.8, 0.81, 0.82, 0.8, 0.81], "A beats E"))
     text = book.findings()
-    assert text.startswith("**What we found.** The rule decided 2 of the 4 claims judged on this page, each on "
-                           "converged runs and at least 5 seeds:")
+    assert text.startswith("**What we found.** The rule decided 2 of the 4 claims judged on this page (a claim on "
+                           "training runs only when they converged, with at least 5 seeds):")
     assert "- *held*: A beats B (d = +0.108" in text and "- *not held (reversed)*: A beats E (d = -0.108" in text
     assert "A beats D" not in text and "A beats C" not in text   # undecided claims are counted, not listed
     assert text.endswith("Undecided: 1 inconclusive (not converged), 1 inconclusive (fewer than 5 seeds).")
