@@ -562,6 +562,41 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
     assert (ARTIFACTS / "quickstart.png").stat().st_size > 10_000
 
 
+# every table of a page: how much it sticks out of its column, and the words of its cells that run over two
+# lines without a hyphen to break at (a word broken inside)
+TABLES = """return Array.from(document.querySelectorAll('main table')).map(t => {
+  const broken = [];
+  t.querySelectorAll('td, th').forEach(c => {
+    const walk = document.createTreeWalker(c, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      let at = 0;
+      for (const word of n.textContent.split(/\\s+/).filter(w => w.length > 1 && !w.includes('-'))) {
+        const start = n.textContent.indexOf(word, at); at = start + word.length;
+        const range = document.createRange(); range.setStart(n, start); range.setEnd(n, start + word.length);
+        if (range.getClientRects().length > 1) broken.push(word);
+      }
+    }
+  });
+  return {overflow: t.getBoundingClientRect().right - t.parentElement.getBoundingClientRect().right, broken: broken};
+});"""
+
+
+@pytest.mark.parametrize("page", ["report", "head_to_head", "distrans"])
+def test_wide_tables_fit_at_laptop_width_without_breaking_a_word(served_html, tmp_path, page):
+    driver = _chromium(tmp_path / "profile")   # a window 1280 pixels wide
+    try:
+        driver.set_page_load_timeout(60)
+        driver.get(f"{served_html}/chapters/{page}.html")
+        tables = driver.execute_script(TABLES)
+        sideways = driver.execute_script(SIDEWAYS)
+    finally:
+        driver.quit()
+    assert tables, "no table on the page"
+    assert not [t for t in tables if t["overflow"] > 1], f"tables wider than the column: {tables}"
+    assert not [w for t in tables for w in t["broken"]], "words broken inside"
+    assert not sideways, f"elements that scroll sideways: {sideways}"
+
+
 def test_lab_pages_typeset_maths_with_no_network_and_offer_their_notebooks(served_html, tmp_path):
     import time
     import urllib.request
