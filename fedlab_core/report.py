@@ -230,15 +230,20 @@ def _ours(row: Mapping[str, Any]) -> str:
     return f"{row['mean']:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
 
 
-def _summary(categories: Iterable[str]) -> str:
-    """E.g. "1 held, 2 inconclusive (not converged); of 3", in the order of :data:`~.verdicts.OUTCOMES`."""
+def _counted(categories: Iterable[str]) -> str:
+    """E.g. "1 held, 2 inconclusive (not converged)", in the order of :data:`~.verdicts.OUTCOMES`."""
     from .verdicts import OUTCOMES
 
     counts: dict[str, int] = {}
     for o in sorted(categories, key=lambda c: (OUTCOMES.index(c) if c in OUTCOMES else len(OUTCOMES), c)):
         counts[o] = counts.get(o, 0) + 1
-    total = sum(counts.values())
-    return ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; of {total}" if total else "no verdict"
+    return ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def _summary(categories: Iterable[str]) -> str:
+    """E.g. "1 held, 2 inconclusive (not converged); of 3"."""
+    categories = list(categories)
+    return f"{_counted(categories)}; of {len(categories)}" if categories else "no verdict"
 
 
 _CLAIMED_DIFFERENCE = re.compile(r"^([+-]\d*\.\d+)( points)?( \([^()]*\))?$")
@@ -339,13 +344,7 @@ def first_screen(table: "pd.DataFrame") -> str:
     decision on training runs stands on converged runs with at least :data:`~.verdicts.MIN_SEEDS` seeds, so
     no count mixes converged and unconverged outcomes; a deterministic count or cost is decided on its
     measurement."""
-    from .verdicts import MIN_SEEDS, OUTCOMES
-
-    def counted(categories) -> str:
-        counts: dict[str, int] = {}
-        for c in sorted(categories, key=lambda c: (OUTCOMES.index(c) if c in OUTCOMES else len(OUTCOMES), c)):
-            counts[c] = counts.get(c, 0) + 1
-        return ", ".join(f"{n} {c}" for c, n in counts.items())
+    from .verdicts import MIN_SEEDS
 
     out = [f"Every decision below that rests on training runs stands on runs that passed the convergence test, with "
            f"at least {MIN_SEEDS} seeds; a deterministic count or cost (bytes, a fitted exponent) is decided on its "
@@ -357,8 +356,8 @@ def first_screen(table: "pd.DataFrame") -> str:
         undecided = judged[judged["outcome"].isin(["inconclusive", "not comparable"])]
         not_judged = rows[rows["verdict"] == "not judged"]
         head = (f"**{paper}**: {len(judged)} claims judged on our runs, {len(decided)} decided"
-                + (f" ({counted(decided['category'])})" if len(decided) else "")
-                + (f"; {len(undecided)} undecided ({counted(undecided['category'])})" if len(undecided) else "")
+                + (f" ({_counted(decided['category'])})" if len(decided) else "")
+                + (f"; {len(undecided)} undecided ({_counted(undecided['category'])})" if len(undecided) else "")
                 + (f"; {len(not_judged)} of the paper's tables and figures not judged "
                    f"({'; '.join(sorted(set(not_judged['evidence'])))})" if len(not_judged) else "") + ".")
         out += ["", head]
