@@ -336,6 +336,16 @@ def claims_table(results: Mapping[str, Mapping[str, Any]], catalogue: Iterable[E
     return pd.DataFrame(out, columns=[*COLUMNS, "outcome", "category"])
 
 
+def _by_paper(table: "pd.DataFrame"):
+    """Per paper of :data:`PAPERS`: (paper, its judged rows, the decided, the undecided, the not judged), the
+    abstract rows left out (they sum up the others)."""
+    for paper in PAPERS:
+        rows = table[(table["paper"] == paper) & (table["source"] != "abstract")]
+        judged = rows[rows["outcome"] != ""]
+        undecided = judged["outcome"].isin(["inconclusive", "not comparable"])
+        yield paper, judged, judged[~undecided], judged[undecided], rows[rows["verdict"] == "not judged"]
+
+
 def first_screen(table: "pd.DataFrame") -> str:
     """What the report's reader wants first, in Markdown, per paper: its claims judged on our runs (abstract
     rows left out: they sum up the others), how many the rule decided and how (held, not held and why), each
@@ -349,12 +359,7 @@ def first_screen(table: "pd.DataFrame") -> str:
     out = [f"Every decision below that rests on training runs stands on runs that passed the convergence test, with "
            f"at least {MIN_SEEDS} seeds; a deterministic count or cost (bytes, a fitted exponent) is decided on its "
            f"measurement."]
-    for paper in PAPERS:
-        rows = table[(table["paper"] == paper) & (table["source"] != "abstract")]
-        judged = rows[rows["outcome"] != ""]
-        decided = judged[~judged["outcome"].isin(["inconclusive", "not comparable"])]
-        undecided = judged[judged["outcome"].isin(["inconclusive", "not comparable"])]
-        not_judged = rows[rows["verdict"] == "not judged"]
+    for paper, judged, decided, undecided, not_judged in _by_paper(table):
         head = (f"**{paper}**: {len(judged)} claims judged on our runs, {len(decided)} decided"
                 + (f" ({_counted(decided['category'])})" if len(decided) else "")
                 + (f"; {len(undecided)} undecided ({_counted(undecided['category'])})" if len(undecided) else "")
@@ -366,6 +371,27 @@ def first_screen(table: "pd.DataFrame") -> str:
             out += [f"- *{r['verdict']}*: {r['claim']} ([{r['chapter']}]({r['chapter']}.ipynb))"
                     for _, r in decided.iterrows()]
     return "\n".join(out)
+
+
+def headlines(table: "pd.DataFrame", shown: int = 3, folder: str = "chapters/") -> str:
+    """The landing page's findings, in HTML (it is pasted into another page): per paper, how many of its
+    claims judged on our runs the rule decided and how, and up to `shown` of the decided ones (held first),
+    each linked to its chapter's page under `folder`; the rest are one click away in the report."""
+    import html
+
+    order_ = {"held": 0, "reached": 0}
+    items = []
+    for paper, judged, decided, undecided, _ in _by_paper(table):
+        ranked = sorted(decided.to_dict("records"), key=lambda r: order_.get(r["outcome"], 1))
+        claims = [f'<li><em>{html.escape(r["verdict"])}</em>: {html.escape(r["claim"])} '
+                  f'(<a href="{folder}{r["chapter"]}.html">{html.escape(r["chapter"])}</a>)</li>' for r in ranked[:shown]]
+        if len(ranked) > shown:
+            claims.append(f'<li>{len(ranked) - shown} more in <a href="{folder}report.html">the report</a></li>')
+        items.append(f"<li><strong>{html.escape(paper)}</strong>: of {len(judged)} claims judged on our runs, the "
+                     f"rule decided {len(decided)}" + (f" ({html.escape(_counted(decided['category']))})"
+                                                      if len(decided) else "")
+                     + f"; {len(undecided)} undecided." + (f"<ul>{''.join(claims)}</ul>" if claims else "") + "</li>")
+    return f'<ul class="headlines">{"".join(items)}</ul>'
 
 
 def write(table: "pd.DataFrame", stem: str | Path) -> tuple[Path, Path]:

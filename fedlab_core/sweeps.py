@@ -47,12 +47,19 @@ def sweep_groups(groups: Mapping[Any, list[RunConfig]], **sweep_kwargs) -> dict[
     return {key: [next(results) for _ in configs] for key, configs in groups.items()}
 
 
-def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=None, columns=None) -> pd.DataFrame:
+UNCONVERGED_MARK = "†"   # mean_std_table's mark on a cell with a run that did not pass the convergence test
+
+
+def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=None, columns=None,
+                   mark_unconverged: bool = False) -> pd.DataFrame:
     """A :func:`summarize` frame keyed by (row, column) labels as a table of ``"mean ± std"`` strings.
 
     A cell without a number says why: "no global model" (global accuracy of a method that has none) or
-    "diverged" (a run that stopped on a non-finite loss)."""
+    "diverged" (a run that stopped on a non-finite loss). With `mark_unconverged`, a cell whose runs did not
+    all pass the convergence test ends with :data:`UNCONVERGED_MARK`."""
     text = summary[metric].map("{:.3f}".format) + " ± " + summary[f"{metric}_std"].map("{:.3f}".format)
+    if mark_unconverged:
+        text = text.where(summary["converged"] >= summary["seeds"], text + " " + UNCONVERGED_MARK)
     missing = summary[metric].isna()
     why = summary["global_model"].map({True: "diverged", False: "no global model"}) if metric.startswith("global") \
         else summary["global_model"].map(lambda _: "diverged")
@@ -79,9 +86,12 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
 
     Columns: ``global_accuracy`` (mean/std/min/max; NaN for a method without a global model),
     ``mean_client_accuracy`` (mean/std), ``worst_client_accuracy`` (mean of each run's lowest client
-    accuracy), ``dh``, ``global_model`` (whether the method has one), ``seeds``.
+    accuracy), ``dh``, ``global_model`` (whether the method has one), ``seeds``, ``converged`` (how many of
+    the runs' client-accuracy curves pass the convergence test, :func:`~fedlab_core.verdicts.plateaued`).
     """
     import numpy as np
+
+    from .verdicts import curve, plateaued
 
     rows = {}
     for label, runs in groups.items():
@@ -93,7 +103,8 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
                        "global_accuracy_min": acc.min(), "global_accuracy_max": acc.max(),
                        "mean_client_accuracy": client.mean(), "mean_client_accuracy_std": client.std(),
                        "worst_client_accuracy": float(np.mean(worst)), "dh": runs[0].meta["dh"],
-                       "global_model": runs[0].meta["global_model"], "seeds": len(runs)}
+                       "global_model": runs[0].meta["global_model"], "seeds": len(runs),
+                       "converged": sum(plateaued(curve(h)) for h in runs)}
     import pandas as pd
 
     return pd.DataFrame.from_dict(rows, orient="index")

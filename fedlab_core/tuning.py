@@ -284,6 +284,24 @@ def feature_skew(model: str, samples_per_domain: int, test_per_domain: int, loca
                      local_steps=0 if local_epochs else None, batch_size=batch_size)
 
 
+#: The book's named settings: the benchmark each belongs to, and its changes from that benchmark's base config
+#: (:func:`label_skew` or :func:`feature_skew`).
+SETTINGS = {"IID": ("label skew", {"partition": "iid", "dh": None}),
+            "Dir(0.5)": ("label skew", {"partition": "dirichlet", "alpha": 0.5, "dh": None}),
+            "Dir(0.1)": ("label skew", {"partition": "dirichlet", "alpha": 0.1, "dh": None}),
+            "DH 0.8": ("label skew", {}),
+            "feature skew": ("feature skew", {})}
+
+
+def named_settings(field: str, names: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The settings of :data:`SETTINGS` a chapter's parameter `field` names, in its order; an unknown name
+    fails before any work, in one line naming the field."""
+    for name in names:
+        if name not in SETTINGS:
+            raise ValueError(f"{field}: unknown setting {name!r}; choose from {', '.join(map(repr, SETTINGS))}")
+    return {name: SETTINGS[name] for name in names}
+
+
 def settings_table(configs: Mapping[Any, RunConfig], tuned: Mapping[Any, set[str]] | None = None) -> "pd.DataFrame":
     """The exact local training and method parameters of each config, and where each value comes from.
 

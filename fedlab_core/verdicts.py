@@ -462,6 +462,39 @@ def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metri
                  looks=looks, score=protocol)
 
 
+def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric: str = "mean_client_accuracy",
+            protocol: str = LAST_FIFTH) -> tuple["pd.DataFrame", list[Verdict]]:
+    """Methods ranked by their mean score over seeds, and the rule's verdict on each step of the ranking.
+
+    `groups` maps a method's name to its runs (one per seed, the same seeds for every method). Each run is
+    scored by `protocol` (:func:`score`); a method's row gives its mean, the 95% interval of that mean over
+    the seeds (``low``, ``high``), how many of its runs converged, and the verdict on "it beats the method
+    ranked next" with its evidence (:func:`beats`, so inconclusive unless both sides converged with at least
+    :data:`MIN_SEEDS` seeds). A method whose runs diverged ranks last. Returns (the table, the verdicts of
+    the steps, top first); a claim reads "`setting`: A beats B".
+    """
+    import pandas as pd
+
+    values = {name: seed_values(runs, metric, protocol) for name, runs in groups.items()}
+    means = {name: float(np.mean(list(v.values()))) for name, v in values.items()}
+    order_ = sorted(groups, key=lambda name: (math.isnan(means[name]), -means[name] if not math.isnan(means[name])
+                                              else 0.0))
+    steps, rows = [], []
+    for i, name in enumerate(order_):
+        mean, _, low, high = _interval(list(values[name].values()), LEVEL)
+        n_conv = sum(plateaued(curve(h, metric)) for h in groups[name])
+        step = None
+        if i + 1 < len(order_):
+            below = order_[i + 1]
+            step = beats(groups[name], groups[below], f"{setting + ': ' if setting else ''}{name} beats {below}",
+                         metric, protocol=protocol)
+            steps.append(step)
+        rows.append({"rank": i + 1, "method": name, "mean": mean, "low": low, "high": high,
+                     "converged": f"{n_conv} of {len(groups[name])}",
+                     "beats the next?": step.label if step else "—", "by": step.evidence if step else "—"})
+    return pd.DataFrame(rows), steps
+
+
 def ahead_over_rounds(a: Sequence["History"], b: Sequence["History"], claim: str = "",
                       metric: str = "mean_client_accuracy", paper: str = "", margin: float | None = MARGIN) -> Verdict:
     """:func:`order` on "a is ahead of b over the rounds" (a claim about curves, e.g. "converges faster" or

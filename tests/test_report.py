@@ -179,3 +179,11 @@ def test_first_screen_counts_per_paper_what_was_decided_and_why_the_rest_was_not
     assert "- *held*: Table 1, DH 80%: DisTrans beats FedAvg ([distrans](distrans.ipynb))" in distrans
     assert "DisTrans beats itself" not in distrans           # undecided claims are counted, not listed
     assert "**FRAug**: 0 claims judged on our runs, 0 decided." in text
+    # the landing page's findings: the same counts, the held claim first, each linked to its chapter's page
+    page = report.headlines(report.claims_table(report.read(tmp_path), CATALOGUE), shown=1)
+    distrans = page.split("<strong>DisTrans</strong>")[1].split("<strong>OT preprocessing</strong>")[0]
+    assert distrans.startswith(": of 4 claims judged on our runs, the rule decided 3 (2 held, 1 not held "
+                               "(reversed)); 1 undecided.<ul><li><em>held</em>: ")
+    assert '(<a href="chapters/distrans.html">distrans</a>)' in distrans
+    assert '<li>2 more in <a href="chapters/report.html">the report</a></li>' in distrans
+    assert "beats itself" not in page and page.count("<strong>") == len(report.PAPERS)

@@ -376,3 +376,68 @@ def test_a_difference_is_shown_in_the_papers_unit():
     same = order([0.81, 0.82, 0.83, 0.81, 0.82], [0.8] * 5, "A beats B", paper="+0.284 (CIFAR-10)")
     assert same.evidence.startswith("d = +0.018 [")      # the paper's figure is an accuracy: ours too
     assert verdicts.difference_text(0.5, math.nan, math.nan, 1, "-2 points") == "d = +50.00 points (1 seed)"
+
+
+# ------------------------------------------------------------------------------ rankings
+
+def _flat(seed, level, rounds=12):
+    # a converged run: flat at `level` (plus a seed's wobble) from its first evaluation
+    return _history(seed, [level + 0.001 * seed] * rounds)
+
+
+def test_a_ranking_orders_by_score_and_judges_every_step_by_the_rule():
+    seeds = range(5)
+    groups = {"low": [_flat(s, 0.60) for s in seeds], "high": [_flat(s, 0.80) for s in seeds],
+              "near high": [_history(s, [0.795 + 0.002 * (3 * s % 5)] * 12) for s in seeds],
+              "rising": [_history(s, [0.1 * r for r in range(1, 8)]) for s in seeds]}   # never plateaus
+    table, steps = verdicts.ranking(groups, "split")
+    assert list(table["method"]) == ["high", "near high", "rising", "low"]     # rising scores 0.65: third
+    assert list(table["rank"]) == [1, 2, 3, 4]
+    assert [v.claim for v in steps] == ["split: high beats near high", "split: near high beats rising",
+                                        "split: rising beats low"]
+    # d = +0.003 [-0.000, +0.006]: within the one-point margin, an equivalence, not a win
+    assert steps[0].label == "not held (no difference)"
+    assert steps[1].label.startswith("inconclusive (not converged") and steps[2].label.startswith("inconclusive")
+    assert list(table["converged"]) == ["5 of 5", "5 of 5", "0 of 5", "5 of 5"]
+    assert table["beats the next?"].iloc[-1] == "—"                          # the last has no next
+    row = table.iloc[0]
+    assert row["mean"] == pytest.approx(0.802) and row["low"] < row["mean"] < row["high"]
+    big, _ = verdicts.ranking({"a": [_flat(s, 0.9) for s in seeds], "b": [_flat(s, 0.5) for s in seeds]})
+    assert _[0].label == "held" and _[0].claim == "a beats b"
+
+
+def test_a_ranking_puts_a_diverged_method_last_and_gives_one_seed_no_interval():
+    one = {"ok": [_flat(0, 0.7)], "diverged": [_history(0, [0.5, 0.6], final=math.nan)],
+           "better": [_flat(0, 0.9)]}
+    table, steps = verdicts.ranking(one)
+    assert list(table["method"]) == ["better", "ok", "diverged"]
+    assert math.isnan(table["low"].iloc[0]) and "fewer than 5 seeds" in steps[0].label
+
+
+def test_a_results_table_marks_a_cell_whose_runs_did_not_all_converge():
+    from fedlab_core.sweeps import UNCONVERGED_MARK, mean_std_table, summarize
+
+    def run_of(seed, curve):
+        h = _history(seed, curve)
+        h.final.update(global_accuracy=curve[-1], client_accuracy=[curve[-1]])
+        h.meta.update(dh=0.0, global_model=True)
+        return h
+
+    flat, rising = [0.7] * 12, [0.1 * r for r in range(1, 8)]
+    summary = summarize({("a", "s"): [run_of(0, flat), run_of(1, flat)],
+                         ("b", "s"): [run_of(0, flat), run_of(1, rising)]})
+    assert list(summary["converged"]) == [2, 1] and list(summary["seeds"]) == [2, 2]
+    marked = mean_std_table(summary, "mean_client_accuracy", ["a", "b"], ["s"], mark_unconverged=True)
+    assert marked.loc["a", "s"] == "0.700 ± 0.000" and marked.loc["b", "s"].endswith(" " + UNCONVERGED_MARK)
+    assert UNCONVERGED_MARK not in mean_std_table(summary, "mean_client_accuracy", ["a", "b"], ["s"]).loc["b", "s"]
+
+
+def test_a_chapter_names_its_settings_and_an_unknown_name_fails_in_one_line():
+    from fedlab_core.tuning import SETTINGS, named_settings
+
+    chosen = named_settings("SETTINGS", ["feature skew", "DH 0.8"])
+    assert list(chosen) == ["feature skew", "DH 0.8"] and chosen["DH 0.8"] == ("label skew", {})
+    assert SETTINGS["Dir(0.1)"][1] == {"partition": "dirichlet", "alpha": 0.1, "dh": None}
+    with pytest.raises(ValueError, match=r"^SPLITS: unknown setting 'Dir\(0\.3\)'; choose from 'IID', ") as err:
+        named_settings("SPLITS", ["DH 0.8", "Dir(0.3)"])
+    assert "\n" not in str(err.value)
