@@ -184,7 +184,6 @@ def test_smoke_baselines_headline_numbers(smoke_book):
     federated = len([a for a in params["ALGORITHMS"] if a not in ("single", "all")])
     assert len(params["SETTINGS"]) * (federated - 1) <= glue["ranking_claims"] <= len(params["SETTINGS"]) * federated
     assert glue["ranking_decided"] == 0                   # one seed, two rounds: nothing can be decided
-    assert "The rule decided 0 of" in glue["findings"]
 
 
 def test_smoke_distrans_toys_headline_numbers(smoke_book):
@@ -490,7 +489,7 @@ def test_smoke_head_to_head_headline_numbers(smoke_book):
     # every step of each ranking, each paper's method against FedAvg, each combination against its base
     combos = len(params["COMBINE"]) * len(params["DATA_LEVEL"])
     assert glue["steps_total"] == len(params["SPLITS"]) * (methods - 1 + 4 + combos)
-    assert glue["steps_decided"] == 0 and "The rule decided 0 of" in glue["findings"]
+    assert glue["steps_decided"] == 0                     # one seed, two rounds: nothing can be decided
     assert glue["personal_label_skew"] in ("pFedMe", "pFedHN", "pFedAvg", "PartialFed")
     assert glue["slowest_ratio"] > 1.0                     # DisTrans's offset step alone costs more than FedAvg's
     assert 1.0 < glue["fraug_bytes_ratio"] < 2.0            # the generator travels with the model, a fraction of it
@@ -509,7 +508,7 @@ def test_book_pages_and_status_page_are_built(smoke_book):
 
 
 JUDGING = ("distrans_toys", "distrans", "distrans_ablations", "ot_alignment", "ot_fedavg", "fedrdn", "fedrdn_analysis",
-           "fraug")
+           "fraug", "baselines", "head_to_head")
 
 
 @pytest.mark.parametrize("stem", JUDGING)
