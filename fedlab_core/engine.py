@@ -86,16 +86,17 @@ class Simulation:
     workers : processes that train clients (and evaluate) side by side in :meth:`run`; 1: all in this
         process. More than one needs a CPU run (see :mod:`fedlab_core.parallel`). The numbers do not
         depend on it as long as every process runs torch with the same thread count (:func:`run` uses one).
-    stop_at_plateau : stop before a round once the mean client accuracy of the evaluated rounds so far passes
-        the plateau test (:func:`fedlab_core.verdicts.plateaued`); `num_rounds` is then the cap.
+    stop_at_plateau : stop before a round once the evaluated rounds so far of `plateau_metric` (the mean client
+        accuracy, or the global model's accuracy) pass the plateau test (:func:`fedlab_core.verdicts.plateaued`);
+        `num_rounds` is then the cap. A method without a global model never stops on the global accuracy.
     """
 
     def __init__(self, algorithm: Algorithm, federation: Federation, model: torch.nn.Module, *, seed: int,
                  num_rounds: int, fraction: float = 1.0, clients_per_round: int = 0, eval_every: int = 1,
                  eval_batch_size: int = 1024, augment: Augment | None = None, progress: bool | None = None,
-                 workers: int = 1, stop_at_plateau: bool = False):
+                 workers: int = 1, stop_at_plateau: bool = False, plateau_metric: str = "mean_client_accuracy"):
         self.algorithm, self.federation, self.model = algorithm, federation, model
-        self.stop_at_plateau = stop_at_plateau
+        self.stop_at_plateau, self.plateau_metric = stop_at_plateau, plateau_metric
         self.seed, self.num_rounds = seed, num_rounds
         self.fraction, self.clients_per_round = fraction, clients_per_round
         self.eval_every, self.eval_batch_size = eval_every, eval_batch_size
@@ -243,7 +244,7 @@ class Simulation:
     def plateaued(self, state: SimulationState) -> bool:
         """Whether the run stops here: `stop_at_plateau` and the evaluated rounds so far pass the plateau test.
         It reads only the log, so a run resumed from a checkpoint stops at the same round."""
-        return self.stop_at_plateau and plateaued({r["round"]: r["mean_client_accuracy"] for r in state.rows})
+        return self.stop_at_plateau and plateaued({r["round"]: r[self.plateau_metric] for r in state.rows})
 
     def _rounds(self, state: SimulationState, bar, on_round_end, last: int) -> None:
         while state.next_round <= last and not self.plateaued(state):

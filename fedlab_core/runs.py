@@ -86,6 +86,7 @@ class RunConfig:
     # evaluation and randomness
     eval_every: int = 1                             # evaluate every this many rounds (and after the last)
     stop_at_plateau: bool = False                   # stop once the accuracy curve has converged (num_rounds: the cap)
+    plateau_metric: str = "mean_client_accuracy"    # the curve stop_at_plateau tests (or "global_accuracy")
     seed: int = 0                                   # the run's seed: data split, model init, every client stream
 
     def __post_init__(self) -> None:
@@ -137,6 +138,7 @@ FIELD_CONSTRAINTS = {
     "clients_per_round": Range(0), "local_epochs": Range(1, 1000), "local_steps": Range(0), "batch_size": Range(1),
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
     "eval_every": Range(1), "seed": Range(0), "train_transform": OneOf(*TRAIN_TRANSFORMS),
+    "plateau_metric": OneOf("mean_client_accuracy", "global_accuracy"),
 }
 
 
@@ -286,7 +288,7 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
     return Simulation(algorithm, federation, model, seed=config.seed, num_rounds=config.num_rounds,
                       fraction=config.fraction, clients_per_round=config.clients_per_round,
                       eval_every=config.eval_every, augment=augment, progress=progress, workers=workers,
-                      stop_at_plateau=config.stop_at_plateau)
+                      stop_at_plateau=config.stop_at_plateau, plateau_metric=config.plateau_metric)
 
 
 def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bool = True,

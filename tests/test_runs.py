@@ -279,6 +279,21 @@ def test_a_run_stops_once_its_curve_has_plateaued_and_a_resumed_run_stops_at_the
     assert [r["mean_client_accuracy"] for r in resumed.rows] == [r["mean_client_accuracy"] for r in h.rounds]
 
 
+def test_a_run_can_stop_on_the_global_models_curve_instead(tiny):
+    from fedlab_core.verdicts import plateaued
+
+    config = tiny.replace(num_rounds=80, stop_at_plateau=True, plateau_metric="global_accuracy")
+    h = run(config, use_cache=False, progress=False, workers=1)
+    stop = h.meta["stopped_at_plateau"]
+    glob = {r["round"]: r["global_accuracy"] for r in h.rounds}
+    assert stop is not None and plateaued(glob) and not plateaued({k: v for k, v in glob.items() if k < stop})
+    # the default tests the clients' curve, and the two settings are two runs (two keys)
+    default = tiny.replace(num_rounds=80, stop_at_plateau=True)
+    assert RunConfig(**{**default.to_dict(), "plateau_metric": "mean_client_accuracy"}) == default
+    with pytest.raises(ValueError, match=r"^plateau_metric: .*global_accuracy"):
+        tiny.replace(plateau_metric="loss")
+
+
 def test_cli_stop_at_plateau_is_a_flag(tmp_path):
     out = _cli("run", "--dataset", "digits", "--num-clients", "3", "--rounds", "3", "--lr", "0.1",
                "--stop-at-plateau", "--json", env={"FEDLAB_CACHE_DIR": str(tmp_path)})
