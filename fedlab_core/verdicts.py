@@ -468,7 +468,7 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
 
     `groups` maps a method's name to its runs (one per seed, the same seeds for every method). Each run is
     scored by `protocol` (:func:`score`); a method's row gives its mean, the 95% interval of that mean over
-    the seeds (``low``, ``high``), how many of its runs converged, and the verdict on "it beats the method
+    the seeds (``low``, ``high``), how many of its runs converged (``converged``, of ``seeds``), and the verdict on "it beats the method
     ranked next" with its evidence (:func:`beats`, so inconclusive unless both sides converged with at least
     :data:`MIN_SEEDS` seeds). A method whose runs diverged ranks last. Returns (the table, the verdicts of
     the steps, top first); a claim reads "`setting`: A beats B".
@@ -490,7 +490,7 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
                          metric, protocol=protocol)
             steps.append(step)
         rows.append({"rank": i + 1, "method": name, "mean": mean, "low": low, "high": high,
-                     "converged": f"{n_conv} of {len(groups[name])}",
+                     "converged": n_conv, "seeds": len(groups[name]),
                      "beats the next?": step.label if step else "—", "by": step.evidence if step else "—"})
     return pd.DataFrame(rows), steps
 

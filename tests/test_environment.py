@@ -16,7 +16,7 @@ def test_environment_yml_mirrors_pyproject_dependencies():
     assert "python=3.11" in (ROOT / "environment.yml").read_text()
 
 
-def test_the_kernels_drop_the_tcp_warning_and_keep_every_other_message(tmp_path):
+def test_the_kernels_drop_the_tcp_warning_and_the_shutdown_interrupt_and_keep_every_other_message(tmp_path):
     import logging
     import runpy
 
@@ -32,6 +32,7 @@ def test_the_kernels_drop_the_tcp_warning_and_keep_every_other_message(tmp_path)
     try:
         runpy.run_path(str(ROOT / "book" / "ipython_kernel_config.py"))
         logger.warning("Kernel is running over TCP without encryption. All communication ...")
+        logger.error("KeyboardInterrupt caught in kernel.")      # jupyter_client's interrupt before shutdown
         logger.warning("Starting the kernel at pid: 1")
         logger.error("Failed to load connection file")
     finally:

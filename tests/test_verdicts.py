@@ -398,7 +398,7 @@ def test_a_ranking_orders_by_score_and_judges_every_step_by_the_rule():
     # d = +0.003 [-0.000, +0.006]: within the one-point margin, an equivalence, not a win
     assert steps[0].label == "not held (no difference)"
     assert steps[1].label.startswith("inconclusive (not converged") and steps[2].label.startswith("inconclusive")
-    assert list(table["converged"]) == ["5 of 5", "5 of 5", "0 of 5", "5 of 5"]
+    assert list(table["converged"]) == [5, 5, 0, 5] and list(table["seeds"]) == [5] * 4
     assert table["beats the next?"].iloc[-1] == "—"                          # the last has no next
     row = table.iloc[0]
     assert row["mean"] == pytest.approx(0.802) and row["low"] < row["mean"] < row["high"]
