@@ -119,6 +119,7 @@ def test_rerun_stops_after_k_rounds_of_the_same_run(tiny):
     assert [r["mean_client_accuracy"] for r in first] == [r["mean_client_accuracy"] for r in full.rounds[:2]]
 
 
+@pytest.mark.every_core
 def test_the_repositorys_archive_verifies():
     """`make test` re-runs the first rounds of one archived run per method, data, model and split."""
     archive = Archive(store.ARCHIVE_DIR)

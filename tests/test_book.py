@@ -129,20 +129,6 @@ def test_show_parameters_run_keeps_every_statement_and_rewrites_multi_line_value
                                                    'NAME = "b"  # é (paper profile; book: "±")', "RATE = 0.1"]
 
 
-@pytest.fixture(scope="session")
-def smoke_book(tmp_path_factory):
-    """Every notebook executed with the smoke profile, and the HTML book built from them."""
-    where = tmp_path_factory.mktemp("book")
-    book_dir = book.stage(where)
-    executed = book.execute("smoke", ROOT / "notebooks", book_dir / "chapters", book_dir / "_toc.yml",
-                            jobs=book.JOBS["smoke"])
-    assert sorted(executed) == sorted(p.stem for p in NOTEBOOKS)
-    book.write_status(book_dir / "chapters", book_dir / "_toc.yml")
-    book.write_labs(book_dir)
-    index = book.build_html(book_dir, where / "_config.yml")
-    return book_dir, index.parent
-
-
 def test_smoke_quickstart_headline_numbers(smoke_book):
     glue = book.read_glue(smoke_book[0] / "chapters" / "quickstart.ipynb")
     params = book.profile_parameters(PROFILES, "quickstart", "smoke")
