@@ -470,8 +470,8 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
     scored by `protocol` (:func:`score`); a method's row gives its mean, the 95% interval of that mean over
     the seeds (``low``, ``high``), how many of its runs converged (``converged``, of ``seeds``), and the
     verdict on "it beats the method ranked next" with its evidence (:func:`beats`, so inconclusive unless
-    both sides converged with at least :data:`MIN_SEEDS` seeds). A method whose runs diverged ranks last. Returns (the table, the verdicts of
-    the steps, top first); a claim reads "`setting`: A beats B".
+    both sides converged with at least :data:`MIN_SEEDS` seeds). A method whose runs diverged ranks last.
+    Returns (the table, the verdicts of the steps, top first); a claim reads "`setting`: A beats B".
     """
     import pandas as pd
 
