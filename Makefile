@@ -18,8 +18,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 .PHONY: env data browser mathjax book labs test verify bench lab clean
 
 KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
+PINNED := $(VENV)/.kernels-pinned
 
-env: $(STAMP) $(KERNEL_CONFIG)  ## the virtual environment with the package installed in editable mode
+env: $(STAMP) $(KERNEL_CONFIG) $(PINNED)  ## the virtual environment with the package installed in editable mode
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,10 @@ $(STAMP): pyproject.toml
 
 $(KERNEL_CONFIG): book/ipython_kernel_config.py | $(STAMP)  # the notebooks' kernels: no TCP warning on every start
 	mkdir -p $(dir $@) && cp $< $@
+
+$(PINNED): fedlab_core/kernels.py | $(STAMP)  # every Python process of the environment starts with the kernels pinned
+	$(PY) -c "from fedlab_core import kernels; print('kernels pinned at start-up:', kernels.startup_hook())"
+	touch $@
 
 data: env  ## the embedded dataset: Debian's Fashion-MNIST, else torchvision's download into data/
 	@if [ -f $(FASHION_DIR)/train-images-idx3-ubyte.gz ]; then \

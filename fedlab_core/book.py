@@ -380,16 +380,16 @@ def compute(stem: str, hours: float | None = None, backend: str | None = None) -
 
 
 def verify_archive(every: bool = False, rounds: int = 2) -> int:
-    """Re-run the archived runs (:func:`fedlab_core.store.verify`): the first `rounds` rounds of one run per
+    """Re-run the archived runs (:func:`fedlab_core.verification.verify`): the first `rounds` rounds of one run per
     distinct method, augmentation, dataset, model and partition scheme, or with `every` each run in full
     (resumable: finished checks are kept in the cache folder). Prints one line per run; returns 1 when a run's
-    numbers differ on the kind of CPU that computed it, else 0."""
-    from .runs import rerun
-    from .store import Archive, default_cache_dir, verify
+    numbers differ where the kernels are those that computed it, else 0."""
+    from .store import Archive, default_cache_dir
+    from .verification import verify
 
     archive = Archive()
     journal = default_cache_dir() / f"verified-{code_version()}.jsonl" if every else None
-    checks = verify(rerun, archive, rounds=None if every else rounds, every=every, journal=journal,
+    checks = verify(archive=archive, rounds=None if every else rounds, every=every, journal=journal,
                     workers=os.cpu_count() or 1)
     for check in checks:
         print(f"[verify] {check}", flush=True)
@@ -397,7 +397,7 @@ def verify_archive(every: bool = False, rounds: int = 2) -> int:
     print(f"[verify] {len(checks)} archived runs re-run ({'in full' if every else f'first {rounds} rounds'}) of "
           f"{sum(1 for _ in archive.entries())} in {archive.folder}: "
           + (f"{len(failed)} differ: {', '.join(c.key for c in failed)}" if failed else "all bit-identical"
-             if all(c.first_difference is None for c in checks) else "differences only where the CPU differs"))
+             if all(c.first_difference is None for c in checks) else "differences only where the kernels differ"))
     return 1 if failed else 0
 
 

@@ -27,11 +27,12 @@ from .data import DATASETS, check_dataset_params, federate, hold_out, load_datas
 from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .engine import INIT, Simulation, SimulationState, derive_seed
+from .kernels import cpu_model, signature
 from .models import MODELS, build_model, meta_model
 from .parallel import available_cores
 from .params import OneOf, Range, check_value
 from .store import (Archive, History, _atomic_write, _read_result, _read_state, _write_state, cache_key, check_writable,
-                    code_version, cpu_model, default_cache_dir, library_versions)
+                    code_version, default_cache_dir, library_versions)
 
 log = logging.getLogger("fedlab_core")
 
@@ -391,7 +392,7 @@ def samples_trained(history: History) -> list[int]:
 def rerun(history: History, rounds: int | None = None, workers: int | None = None) -> list[dict[str, Any]]:
     """The per-round rows of a stored run computed again from its config, for its first `rounds` rounds (None:
     all of them), with nothing read from or written to the cache or the archive: what
-    :func:`fedlab_core.store.verify` compares with the stored rows. `workers` as for :func:`run`."""
+    :func:`fedlab_core.verification.verify` compares with the stored rows. `workers` as for :func:`run`."""
     config = RunConfig(**history.config)
     device = resolve_device(history.meta.get("device", "cpu"))
     with one_thread():
@@ -446,7 +447,8 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "resumed_from_round": resumed_from, "diverged": diverged,
               "stopped_at_plateau": rows[-1]["round"] if diverged is None and rows and sim.plateaued(state) else None,
               "data_checksum": fed.data_checksum, "split_hash": fed.split_hash(), "threads": torch.get_num_threads(),
-              "versions": library_versions(), "cpu": cpu_model()},
+              "versions": library_versions(), "cpu": cpu_model(),
+              "kernels": signature() if device.type == "cpu" else None},
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
     if use_cache:

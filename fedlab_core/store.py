@@ -8,34 +8,35 @@ tensors, read as data only):
   computes runs anew; with the **checkpoints** of unfinished runs, from which a killed run resumes;
 - the **archive** (:class:`Archive`, ``book/runs/`` in the repository): the runs behind the book, keyed by
   :func:`archive_key`, a hash of the config, the device type and PyTorch's version but *not* of the code,
-  each entry recording the code version that computed it. A run found there is read, not recomputed;
-- :func:`verify` re-runs the first rounds of one archived run per distinct algorithm, augmentation, dataset,
+  each entry recording the code version and the kernels (:func:`fedlab_core.kernels.signature`) that computed
+  it, gzipped. A run found there is read, not recomputed;
+- :func:`fedlab_core.verification.verify` re-runs the first rounds of one archived run per distinct algorithm, augmentation, dataset,
   model and partition scheme (or every run in full) and requires its per-round numbers to be bit-identical to
   the stored ones, so a change of the library that moves numbers cannot leave the archive silently stale.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import logging
 import math
 import os
 import pickle
-import platform
 import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from . import __version__
 from .engine import SimulationState
+from .kernels import canary, check_pinned
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,10 +119,11 @@ def library_versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------- the cache
 
 def cache_key(config: "RunConfig", device: torch.device) -> str:
-    """The run's name in the cache: a hash of its config, the device type, the library's code version and
-    the PyTorch version (which shapes the numbers too)."""
+    """The run's name in the cache: a hash of its config, the device type, the library's code version, the
+    PyTorch version and, on a CPU, the kernels' canary (each shapes the numbers)."""
     payload = json.dumps({"config": config.to_dict(), "device": device.type, "code": code_version(),
-                          "torch": torch.__version__}, sort_keys=True, default=str)
+                          "torch": torch.__version__, "kernels": canary() if device.type == "cpu" else None},
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
@@ -232,17 +234,6 @@ def _first_line(err: BaseException) -> str:
 
 # ---------------------------------------------------------------------------------------- the archive
 
-def cpu_model() -> str:
-    """The kind of CPU this process computes on (floats can differ between kinds, never within one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _defaults(config: "RunConfig") -> dict[str, Any]:
     """Every field of the config's class at its default, as JSON reads it back."""
     return _plain({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -266,9 +257,9 @@ def archive_key(config: "RunConfig", device: torch.device | str) -> str:
 
 
 class Archive:
-    """The book's runs, committed in the repository: ``<key>.json`` per run (its :class:`History`, the code
-    version that computed it in ``meta["code_version"]``), and ``<key>.final`` for the few runs whose final
-    state a figure needs (read as data only).
+    """The book's runs, committed in the repository: ``<key>.json.gz`` per run (its :class:`History` as gzipped
+    JSON, the code version and the kernels that computed it in ``meta["code_version"]`` and ``meta["kernels"]``),
+    and ``<key>.final`` for the few runs whose final state a figure needs (read as data only).
 
     Writing is switched on by ``FEDLAB_ARCHIVE=write`` in the environment (the book's ``book`` profile
     sets it); reading is always on, so any run of a config the archive holds is read, not recomputed. The
@@ -283,14 +274,25 @@ class Archive:
         return os.environ.get("FEDLAB_ARCHIVE", "") == "write"
 
     def paths(self, key: str) -> tuple[Path, Path]:
-        return self.folder / f"{key}.json", self.folder / f"{key}.final"
+        return self.folder / f"{key}.json.gz", self.folder / f"{key}.final"
+
+    @staticmethod
+    def read(path: Path) -> dict[str, Any]:
+        """An entry's JSON document."""
+        return json.loads(gzip.decompress(path.read_bytes()))
+
+    @staticmethod
+    def write(path: Path, doc: dict[str, Any]) -> None:
+        """Write an entry's JSON document, gzipped with no timestamp (the same run gives the same bytes)."""
+        text = json.dumps(_finite(doc), sort_keys=True).encode()
+        _atomic_write(path, lambda f: f.write(gzip.compress(text, compresslevel=9, mtime=0)))
 
     def get(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> History | None:
         """The archived result of this run (and only if `with_state`, when its final state is archived too)."""
         result, final = self.paths(archive_key(config, device))
         if not result.exists() or (with_state and not final.exists()):
             return None
-        history = History.from_json(result.read_text())
+        history = History(**self.read(result))
         if {**_defaults(config), **history.config} != _plain(config.to_dict()):
             raise ValueError(f"{result}: the archive entry holds another run's config; the archive is damaged")
         return history
@@ -302,19 +304,21 @@ class Archive:
 
     def add(self, history: History, config: "RunConfig", device: torch.device,
             state: SimulationState | None = None) -> Path:
-        """Store a finished run (and its final state, when given)."""
+        """Store a finished run (and its final state, when given), computed with the pinned kernels on a CPU
+        (:func:`fedlab_core.kernels.check_pinned`), so that it verifies on every x86-64 machine with AVX2."""
+        if device.type == "cpu":
+            check_pinned()
         key = archive_key(config, device)
         result, final = self.paths(key)
         if state is not None:
             _write_state(final, key, state)
-        _atomic_write(result, lambda f: f.write(json.dumps(_finite(dataclasses.asdict(history)), sort_keys=True,
-                                                           indent=None).encode()))
+        self.write(result, dataclasses.asdict(history))
         return result
 
     def entries(self) -> Iterator[tuple[str, History]]:
         """(key, result) of every archived run, by key."""
-        for path in sorted(self.folder.glob("*.json")):
-            yield path.stem, History.from_json(path.read_text())
+        for path in sorted(self.folder.glob("*.json.gz")):
+            yield path.name.removesuffix(".json.gz"), History(**self.read(path))
 
     def size(self) -> int:
         """Bytes on disk."""
@@ -332,131 +336,3 @@ class Archive:
             versions[version] = versions.get(version, 0) + 1
         return {"runs": runs, "bytes": self.size(), "hours": seconds / 3600, "versions": versions,
                 "with_state": sum(1 for _ in self.folder.glob("*.final"))}
-
-
-@dataclass
-class Check:
-    """The outcome of re-running one archived run: the rounds compared and the first that differs."""
-
-    key: str
-    label: str
-    rounds: int
-    first_difference: int | None = None      # the round, None when identical
-    largest_difference: float = 0.0           # over every number compared
-    same_cpu: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return self.first_difference is None or not self.same_cpu
-
-    def __str__(self) -> str:
-        if self.first_difference is None:
-            return f"{self.key} ({self.label}): rounds 1-{self.rounds} bit-identical"
-        where = f"differs from round {self.first_difference} (largest difference {self.largest_difference:.3g})"
-        if not self.same_cpu:
-            return f"{self.key} ({self.label}): {where}, computed on another kind of CPU, so reported, not failed"
-        return f"{self.key} ({self.label}): {where}"
-
-
-NUMBERS_SKIPPED = ("seconds",)   # per-round keys that are timings, never compared
-
-
-def _compare(stored: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> tuple[int | None, float]:
-    """The first round whose numbers differ, and the largest absolute difference over every number."""
-    first, largest = None, 0.0
-    for a, b in zip(stored, fresh):
-        keys = [k for k in a if not k.endswith(NUMBERS_SKIPPED)]
-        va, vb = _plain({k: a[k] for k in keys}), _plain({k: b.get(k) for k in keys})
-        if va != vb:
-            first = a["round"] if first is None else first
-            largest = max(largest, _largest(va, vb))
-    if len(fresh) < len(stored) and first is None:
-        first = stored[len(fresh)]["round"]
-    return first, largest
-
-
-def _largest(a: Any, b: Any) -> float:
-    if isinstance(a, dict):
-        return max((_largest(a[k], b.get(k)) for k in a), default=0.0)
-    if isinstance(a, list):
-        return max((_largest(x, y) for x, y in zip(a, b or [])), default=0.0) if len(a) == len(b or []) else math.inf
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return abs(float(a) - float(b))
-    return 0.0 if a == b else math.inf
-
-
-def group_of(history: History) -> tuple[str, ...]:
-    """What :func:`verify` verifies one run of: algorithm, augmentation, dataset, model, partition scheme."""
-    c = history.config
-    return (c["algorithm"], c["augment"], c["dataset"], c["model"], c["partition"])
-
-
-def _rerun_one(rerun: Callable[..., list[dict[str, Any]]], item: tuple[int, History, int]
-               ) -> tuple[int, list[dict[str, Any]]]:
-    """One re-run in a process of :func:`verify`'s pool, itself on one process (the pool holds the cores)."""
-    i, history, rounds = item
-    return i, rerun(history, rounds, workers=1)
-
-
-def verify(rerun: Callable[[History, int | None], list[dict[str, Any]]], archive: Archive | None = None,
-           rounds: int | None = 2, every: bool = False, progress: bool | None = None,
-           journal: str | Path | None = None, workers: int = 1) -> list[Check]:
-    """Re-run archived runs and compare their per-round numbers with the stored ones, bit for bit.
-
-    Parameters
-    ----------
-    rerun : ``rerun(history, k)`` re-runs the history's config for its first `k` rounds (all with None) and
-        returns the fresh per-round rows (:func:`fedlab_core.runs.rerun`); with `workers`, it also takes
-        ``workers=1``.
-    rounds : how many first rounds to re-run (None: all).
-    every : every archived run (in full when `rounds` is None); else the cheapest run of each distinct
-        :func:`group_of`.
-    journal : a file each finished check is appended to (one JSON line); checks it already holds for the same
-        run, rounds and code version are read from it, not re-run, so a long verification resumes where it was
-        stopped.
-    workers : processes that re-run side by side (each run computes with one thread, so its numbers are the
-        same whatever the count).
-
-    On another kind of CPU than the one that computed a run (``meta["cpu"]``), floats may differ: the check
-    reports the largest difference instead of failing.
-    """
-    from tqdm import tqdm
-
-    archive = archive or Archive()
-    entries = list(archive.entries())
-    if not every:  # the cheapest run (seconds per round) of each group
-        chosen: dict[tuple, tuple[str, History]] = {}
-        for key, h in sorted(entries, key=lambda kh: -(kh[1].meta.get("seconds") or 0.0) / max(len(kh[1].rounds), 1)):
-            chosen[group_of(h)] = (key, h)
-        entries = sorted(chosen.values(), key=lambda kh: kh[0])
-    here, version = cpu_model(), code_version()
-    done: dict[tuple, Check] = {}
-    if journal is not None and Path(journal).exists():
-        for line in Path(journal).read_text().splitlines():
-            record = json.loads(line)
-            where = (record.pop("key_"), record.pop("rounds_"), record.pop("code"))
-            done[where] = Check(**record)
-    planned = [(key, h, len(h.rounds) if rounds is None else min(rounds, len(h.rounds))) for key, h in entries]
-    # the longest first (by the run's own seconds per round), so that no long run is left for the end
-    todo = sorted(((key, h, k) for key, h, k in planned if (key, k, version) not in done),
-                  key=lambda t: -(t[1].meta.get("seconds") or 0.0) / max(len(t[1].rounds), 1) * t[2])
-    with contextlib.ExitStack() as stack:
-        if workers > 1 and len(todo) > 1:
-            import multiprocessing
-
-            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(min(workers, len(todo))))
-            fresh = pool.imap_unordered(functools.partial(_rerun_one, rerun), [(i, h, k) for i, (_, h, k) in enumerate(todo)])
-        else:
-            fresh = ((i, rerun(h, k)) for i, (_, h, k) in enumerate(todo))
-        bar = tqdm(fresh, total=len(todo), desc="verifying the archive", unit="run", disable=progress is False)
-        for i, rows in bar:
-            key, h, k = todo[i]
-            first, largest = _compare(h.rounds[:k], rows)
-            done[(key, k, version)] = Check(key, " / ".join(group_of(h)) + f", seed {h.config['seed']}", k, first,
-                                            largest, h.meta.get("cpu", here) == here)
-            if journal is not None:
-                Path(journal).parent.mkdir(parents=True, exist_ok=True)
-                with open(journal, "a") as f:
-                    f.write(json.dumps({**dataclasses.asdict(done[(key, k, version)]), "key_": key, "rounds_": k,
-                                        "code": version}) + "\n")
-    return [done[(key, k, version)] for key, _, k in planned]

@@ -1,14 +1,15 @@
 """The archive of the book's runs: written only when asked, read before the cache, keyed without the code's
 digest, verified bit for bit against the current code, and a hand-edited number caught by run and round."""
-import json
 
 import pytest
 import torch
 
+from fedlab_core import kernels
 from fedlab_core import runs as runs_module
 from fedlab_core import store
 from fedlab_core.runs import RunConfig, rerun, run, trained
-from fedlab_core.store import Archive, verify
+from fedlab_core.store import Archive
+from fedlab_core.verification import verify
 
 CPU = torch.device("cpu")
 
@@ -27,7 +28,7 @@ def test_runs_enter_the_archive_only_when_writing_is_on(tiny, tmp_path, archive,
     [(key, stored)] = list(archive.entries())
     assert key == store.archive_key(tiny, CPU) == store.archive_key(RunConfig(**stored.config), "cpu")
     assert stored.rounds == first.rounds
-    assert stored.meta["code_version"] == store.code_version() and stored.meta["cpu"] == store.cpu_model()
+    assert stored.meta["code_version"] == store.code_version() and stored.meta["kernels"] == kernels.signature()
     # an archived run is read, not recomputed, whatever the cache holds
     monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
     again = run(tiny, cache_dir=tmp_path / "empty", workers=1)
@@ -42,14 +43,14 @@ def test_a_field_added_to_the_config_later_at_its_default_keeps_the_archives_key
     assert "validation" not in store.settings(tiny) and store.settings(tiny)["dataset"] == tiny.dataset
     assert store.archive_key(tiny.replace(validation=0.2), CPU) != key   # a field off its default names the run
     # an entry written before a field existed: its stored config lacks the field, at its default today
-    path = archive.folder / f"{key}.json"
-    doc = json.loads(path.read_text())
+    path = archive.paths(key)[0]
+    doc = Archive.read(path)
     del doc["config"]["validation"]
-    path.write_text(json.dumps(doc))
+    Archive.write(path, doc)
     monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
     assert run(tiny, cache_dir=tmp_path / "empty", workers=1).rounds == first.rounds
     doc["config"]["seed"] = 7                                            # another run's config: refused
-    path.write_text(json.dumps(doc))
+    Archive.write(path, doc)
     with pytest.raises(ValueError, match="another run's config"):
         run(tiny, cache_dir=tmp_path / "empty", workers=1)
 
@@ -68,7 +69,7 @@ def test_a_kept_final_state_is_archived_and_trained_reads_it(tiny, tmp_path, arc
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     sim, state = trained(tiny, cache_dir=tmp_path)
     key = store.archive_key(tiny, CPU)
-    assert (archive.folder / f"{key}.final").exists()
+    assert archive.paths(key)[1].exists()
     monkeypatch.setattr(runs_module, "run", lambda *a, **k: pytest.fail("trained() ran instead of reading"))
     sim2, state2 = trained(tiny, cache_dir=tmp_path / "empty")
     assert state2.rows == state.rows
@@ -86,19 +87,36 @@ def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny
     assert verify(rerun, archive, rounds=2, workers=2) == checks           # side by side: the same checks
     # edit one stored number by hand: verification fails, naming the run and the round
     key = store.archive_key(tiny.replace(algorithm="fedprox"), CPU)
-    path = archive.folder / f"{key}.json"
-    doc = json.loads(path.read_text())
+    path = archive.paths(key)[0]
+    doc = Archive.read(path)
     doc["rounds"][1]["mean_client_accuracy"] += 1e-12
-    path.write_text(json.dumps(doc))
+    Archive.write(path, doc)
     [bad] = [c for c in verify(rerun, archive, rounds=2) if c.key == key]
     assert not bad.ok and bad.first_difference == 2 and bad.largest_difference == pytest.approx(1e-12, rel=0.01)
     assert key in str(bad) and "round 2" in str(bad)
     assert [c for c in verify(rerun, archive, rounds=1) if c.key == key][0].ok   # round 1 is untouched
-    # computed on another kind of CPU: the difference is reported, not failed
-    doc["meta"]["cpu"] = "another CPU"
-    path.write_text(json.dumps(doc))
+    # a run whose kernels differ from this machine's (another canary, or none recorded: computed before the
+    # kernels were pinned): the difference is reported, with why, not failed
+    doc["meta"]["kernels"]["canary"] = "0123456789ab"
+    Archive.write(path, doc)
     [other] = [c for c in verify(rerun, archive, rounds=2) if c.key == key]
-    assert other.ok and other.first_difference == 2 and "another kind of CPU" in str(other)
+    assert other.ok and other.first_difference == 2 and "reported, not failed" in str(other)
+    assert "canary 0123456789ab" in str(other) and kernels.signature()["canary"] in str(other)
+    del doc["meta"]["kernels"]
+    Archive.write(path, doc)
+    [legacy] = [c for c in verify(rerun, archive, rounds=2) if c.key == key]
+    assert legacy.ok and "before the kernels were pinned" in str(legacy)
+    # per group, a run these kernels can check strictly is chosen over a cheaper one they cannot
+    [chosen] = [c for c in verify(rerun, archive, rounds=2) if c.label.startswith("fedprox")]
+    assert chosen.key == key and not chosen.same_kernels      # the only fedprox run
+    doc["meta"]["seconds"] = 0.0                               # the cheapest fedavg run, but computed elsewhere
+    other_key = store.archive_key(tiny.replace(seed=1), CPU)
+    other_doc = Archive.read(archive.paths(other_key)[0])
+    del other_doc["meta"]["kernels"]
+    other_doc["meta"]["seconds"] = 0.0
+    Archive.write(archive.paths(other_key)[0], other_doc)
+    [fedavg] = [c for c in verify(rerun, archive, rounds=2) if c.label.startswith("fedavg")]
+    assert fedavg.key == store.archive_key(tiny, CPU) and fedavg.same_kernels
 
 
 def test_a_full_verification_resumes_from_its_journal(tiny, tmp_path, archive, monkeypatch):
@@ -167,3 +185,38 @@ def test_compute_stops_cleanly_when_the_time_runs_out(monkeypatch, tmp_path, cap
         PapermillExecutionError(0, 1, "x", "ValueError", "a real error", [])))
     with pytest.raises(PapermillExecutionError):      # any other failure is not swallowed
         book.compute("distrans")
+
+
+def test_entries_are_gzipped_json_with_the_same_bytes_for_the_same_run(tiny, tmp_path, archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    history = run(tiny, cache_dir=tmp_path, workers=1)
+    path = archive.paths(store.archive_key(tiny, CPU))[0]
+    first = path.read_bytes()
+    assert path.name.endswith(".json.gz") and first[:2] == b"\x1f\x8b"          # gzip's magic number
+    assert Archive.read(path)["rounds"] == history.rounds
+    archive.add(history, tiny, CPU)                                              # written again: no timestamp inside
+    assert path.read_bytes() == first
+
+
+def test_the_archive_refuses_a_run_computed_with_other_kernels(tiny, tmp_path, archive, monkeypatch):
+    """Only runs that verify on every x86-64 machine with AVX2 enter the archive, refused in one line."""
+    history = run(tiny, cache_dir=tmp_path, workers=1)
+    monkeypatch.setattr(kernels, "signature", lambda: {**history.meta["kernels"], "canary": "0123456789ab"})
+    with pytest.raises(RuntimeError, match=r"^kernels: .*canary 0123456789ab") as err:
+        archive.add(history, tiny, CPU)
+    assert "\n" not in str(err.value) and not list(archive.folder.glob("*"))
+
+
+def test_the_working_tree_travels_light():
+    """The tracked files (the archive most of them) stay under 50 MB: a copy of the working tree must fit in the
+    64 MiB a check on another machine may carry."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(store.__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout")
+    files = [root / name for name in listed.stdout.decode().split("\0") if name]
+    size = sum(p.stat().st_size for p in files if p.is_file())
+    assert len(files) > 100 and size < 50e6, f"the tracked files take {size / 1e6:.1f} MB"

@@ -39,3 +39,48 @@ def test_the_kernels_drop_the_tcp_warning_and_the_shutdown_interrupt_and_keep_ev
         logger.removeHandler(handler)
         logger.filters[:] = before
     assert kept == ["Starting the kernel at pid: 1", "Failed to load connection file"]
+
+
+def test_the_library_has_no_import_cycles():
+    """No module of fedlab_core imports, at run time, one that imports it back (directly or through others):
+    imports under TYPE_CHECKING, for annotations only, are not followed."""
+    import ast
+    from collections import defaultdict
+    from pathlib import Path
+
+    import fedlab_core
+
+    root = Path(fedlab_core.__file__).parent
+    graph: dict[str, set[str]] = defaultdict(set)
+
+    class Imports(ast.NodeVisitor):
+        def __init__(self, module: str, package: str):
+            self.module, self.package = module, package
+
+        def visit_If(self, node: ast.If) -> None:
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                self.generic_visit(node)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.level:
+                base = self.package.split(".")[:len(self.package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                graph[self.module].update([target] if node.module else [f"{target}.{a.name}" for a in node.names])
+
+    for path in root.rglob("*.py"):
+        parts = ["fedlab_core", *path.relative_to(root).with_suffix("").parts]
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        Imports(module, module if path.name == "__init__.py" else module.rsplit(".", 1)[0]).visit(ast.parse(path.read_text()))
+
+    def reached(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    assert len(graph) > 20
+    cycles = {m: sorted(n for n in graph[m] if m in reached(n)) for m in graph if m != "fedlab_core" and m in reached(m)}
+    assert not cycles, f"import cycles: {cycles}"

@@ -1,0 +1,137 @@
+"""The CPU kernels are pinned, so a run's numbers are the same on every x86-64 CPU with AVX2: whatever kernels the
+environment asks for, a run computes the same numbers; a pin that comes too late is caught; every run records
+the kernels it computed with, and the cache tells runs of other kernels apart."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlab_core import kernels, store
+from fedlab_core.runs import RunConfig
+
+needs_pins = pytest.mark.skipif(not kernels.pinnable(), reason="the pins reach x86-64 CPUs with AVX2 and FMA only")
+
+# what the environment may ask of each library: the machine's best, AVX-512 without AMX, AVX2, and below AVX2
+LEVELS = {
+    "native": {},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "MKL_CBWR": "AVX512",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "OPENBLAS_CORETYPE": "SkylakeX"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2", "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},
+    "sse4": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "SSE4_2",
+             "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"},
+}
+RUN = RunConfig(dataset="fashion_mnist", model="lenet5_bn", num_clients=3, num_rounds=2, eval_every=1, batch_size=32,
+                lr=0.05, local_epochs=1, max_train_samples=300, max_test_samples=200, seed=0)
+
+
+def _python(code: str, level: dict[str, str]) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter of this environment whose environment asks for `level`'s kernels; the code
+    sets them again itself first, so they stand even where the environment's start-up hook pinned them."""
+    env = {k: v for k, v in os.environ.items() if k not in kernels.PINS and not k.startswith("MKL_")}
+    env.update(level)
+    prelude = f"import os; os.environ.update({level!r})\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], env=env, capture_output=True, text=True, timeout=300)
+
+
+@needs_pins
+@pytest.mark.slow
+def test_every_kernel_level_the_environment_asks_for_gives_the_same_numbers_once_pinned():
+    pinned = ("import json, fedlab_core\nfrom fedlab_core import kernels\nfrom fedlab_core.runs import RunConfig, run\n"
+              f"h = run(RunConfig(**{RUN.to_dict()!r}), use_cache=False, workers=1, device='cpu', progress=False)\n"
+              "rows = [{k: v for k, v in r.items() if 'seconds' not in k} for r in h.rounds]\n"
+              "print(json.dumps([kernels.signature(), rows]))")
+    # the same canary without the pins: the kernels module loaded on its own, so nothing is pinned
+    unpinned = (f"import importlib.util\nspec = importlib.util.spec_from_file_location('k', {kernels.__file__!r})\n"
+                "k = importlib.util.module_from_spec(spec); spec.loader.exec_module(k)\nprint(k.canary())")
+    results, controls = {}, {}
+    for name, level in LEVELS.items():
+        done = _python(pinned, level)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[name] = json.loads(done.stdout.splitlines()[-1])
+        control = _python(unpinned, level)
+        assert control.returncode == 0, control.stderr[-2000:]
+        controls[name] = control.stdout.split()[-1]
+    signatures = {name: sig for name, (sig, _) in results.items()}
+    assert all(sig["canary"] == kernels.PINNED_CANARY and sig["isa"] == "AVX2" and sig["pins"] == kernels.PINS
+               for sig in signatures.values()), signatures
+    rows = {name: r for name, (_, r) in results.items()}
+    assert all(r == rows["native"] for r in rows.values()) and len(rows["native"]) == 2
+    # the levels do change the kernels where the pins are absent (so the equality above is not vacuous)
+    assert controls["sse4"] != controls["avx2"], controls
+    if "avx512f" in kernels.cpu_flags():
+        assert len(set(controls.values())) == 4, controls
+
+
+@needs_pins
+def test_a_pin_that_comes_after_the_first_kernel_is_caught_before_a_run_is_archived():
+    late = ("import torch\ntorch.ones(64).exp().sum()\nx = torch.ones(8, 8); x @ x\n"
+            "import fedlab_core\nfrom fedlab_core import kernels\nkernels.check_pinned()")
+    done = _python(late, LEVELS["sse4"])
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: kernels: not the pinned ones here") and "import fedlab_core before" in last
+
+
+@needs_pins
+def test_every_python_process_of_the_environment_starts_pinned():
+    """`make env` installs the start-up hook: a process that never imports fedlab_core computes pinned too
+    (a notebook's kernel, a tool's subprocess), and NumPy, which `import torch` imports, is pinned in time."""
+    hook = Path(sysconfig.get_paths()["purelib"]) / "fedlab_kernels.pth"
+    assert hook.exists(), f"{hook} is missing: make env installs it"
+    env = {k: v for k, v in os.environ.items() if k not in kernels.PINS}
+    env.update(LEVELS["avx512"])
+    code = ("import os, torch\nprint(torch.backends.cpu.get_cpu_capability()); "
+            f"print('|'.join(os.environ.get(k, '') for k in {sorted(kernels.PINS)!r}))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["AVX2", "|".join(kernels.PINS[k] for k in sorted(kernels.PINS))], done.stderr
+
+
+def test_the_signature_names_the_kernels_and_the_cache_tells_other_kernels_apart(monkeypatch):
+    sig = kernels.signature()
+    assert set(sig) == {"arch", "flags", "isa", "pins", "canary"} and len(sig["canary"]) == 12
+    assert kernels.canary() == sig["canary"]                       # the same digest every time in one process
+    key = store.cache_key(RUN, torch.device("cpu"))
+    monkeypatch.setattr(store, "canary", lambda: "0123456789ab")
+    assert store.cache_key(RUN, torch.device("cpu")) != key        # a run cached under other kernels is not read
+    assert store.archive_key(RUN, "cpu") == store.archive_key(RUN, torch.device("cpu"))   # the archive's is not
+    assert "not recorded" in kernels.describe(None) and sig["canary"] in kernels.describe(sig)
+
+
+EMULATED = os.environ.get("FEDLAB_EMULATED_CPU")
+
+
+@pytest.mark.skipif(not (EMULATED and shutil.which("qemu-x86_64")), reason="set FEDLAB_EMULATED_CPU (e.g. Haswell) "
+                    "with Debian's qemu-user installed to verify archived runs on an emulated CPU (minutes)")
+def test_archived_runs_verify_bit_for_bit_on_an_emulated_cpu(tmp_path):
+    """The first round of the cheapest archived runs of distinct groups, re-run on another CPU model (qemu's
+    emulation: a Haswell has AVX2 but no AVX-512), is bit-identical to the stored numbers, and the canary is
+    the pinned one: the pins reach that CPU."""
+    archive = store.Archive()
+    chosen: dict[tuple, tuple[float, str]] = {}
+    for key, h in archive.entries():
+        if (h.meta.get("kernels") or {}).get("canary") == kernels.PINNED_CANARY:
+            cost = (h.meta.get("seconds") or 0.0) / max(len(h.rounds), 1)
+            group = (h.config["algorithm"], h.config["augment"], h.config["model"])
+            chosen[group] = min(chosen.get(group, (math.inf, "")), (cost, key))
+    keys = [key for _, key in sorted(chosen.values())[:int(os.environ.get("FEDLAB_EMULATED_RUNS", "3"))]]
+    assert keys, "the archive holds no run computed with the pinned kernels"
+    for key in keys:
+        shutil.copy(archive.paths(key)[0], tmp_path)
+    code = ("import json\nfrom fedlab_core import kernels, store\nfrom fedlab_core.verification import verify\n"
+            f"checks = verify(archive=store.Archive({str(tmp_path)!r}), rounds=1, every=True, progress=False)\n"
+            "print(json.dumps([kernels.signature()['canary'], [str(c) for c in checks], all(c.first_difference is None "
+            "and c.same_kernels for c in checks)]))")
+    done = subprocess.run(["qemu-x86_64", "-cpu", EMULATED, sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=3600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    canary, checks, identical = json.loads(done.stdout.splitlines()[-1])
+    print(f"on an emulated {EMULATED}:", *checks, sep="\n")
+    assert canary == kernels.PINNED_CANARY and identical and len(checks) == len(keys), checks
