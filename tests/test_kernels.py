@@ -125,8 +125,10 @@ def test_archived_runs_verify_bit_for_bit_on_an_emulated_cpu(tmp_path):
     assert keys, "the archive holds no run computed with the pinned kernels"
     for key in keys:
         shutil.copy(archive.paths(key)[0], tmp_path)
-    code = ("import json\nfrom fedlab_core import kernels, store\nfrom fedlab_core.verification import verify\n"
-            f"checks = verify(archive=store.Archive({str(tmp_path)!r}), rounds=1, every=True, progress=False)\n"
+    code = ("import json\nfrom fedlab_core import kernels, store\nfrom fedlab_core.runs import rerun\n"
+            "from fedlab_core.verification import verify\n"
+            f"checks = verify(lambda h, k: rerun(h, k, workers=1), store.Archive({str(tmp_path)!r}), rounds=1, "
+            "every=True, progress=False)\n"
             "print(json.dumps([kernels.signature()['canary'], [str(c) for c in checks], all(c.first_difference is None "
             "and c.same_kernels for c in checks)]))")
     done = subprocess.run(["qemu-x86_64", "-cpu", EMULATED, sys.executable, "-c", code], capture_output=True, text=True,
