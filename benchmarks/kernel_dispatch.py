@@ -36,7 +36,10 @@ def h(t): return hashlib.sha256(np.ascontiguousarray(t.detach().numpy() if torch
 out = {}
 x, w = r(32, 3, 28, 28).requires_grad_(), r(6, 3, 5, 5).requires_grad_()
 y = F.conv2d(x, w); y.square().sum().backward()
-out.update({"conv2d (oneDNN)": h(y), "conv2d backward, weights": h(w.grad), "conv2d backward, input": h(x.grad)})
+out.update({"conv2d 3->6 (oneDNN)": h(y), "conv2d 3->6 backward, weights": h(w.grad), "conv2d 3->6 backward, input": h(x.grad)})
+x, w = r(32, 6, 12, 12).requires_grad_(), r(16, 6, 5, 5).requires_grad_()
+y = F.conv2d(x, w); y.square().sum().backward()
+out.update({"conv2d 6->16 (oneDNN)": h(y), "conv2d 6->16 backward, weights": h(w.grad), "conv2d 6->16 backward, input": h(x.grad)})
 a, v = r(32, 400).requires_grad_(), r(120, 400).requires_grad_()
 z = F.linear(a, v); z.square().sum().backward()
 out.update({"linear (MKL sgemm)": h(z), "linear backward": h(v.grad)})
@@ -84,11 +87,11 @@ def fresh(code: str, level: dict[str, str], pinned: bool) -> str:
 def main() -> None:
     digests = {name: json.loads(fresh(OPS, level, pinned=False)) for name, level in LEVELS.items()}
     names = list(LEVELS)
-    print("operation".ljust(28) + "".join(n[:16].ljust(17) for n in names))
+    print("operation".ljust(32) + "".join(n[:16].ljust(17) for n in names))
     for op in digests[names[0]]:
         row = [digests[n][op] for n in names]
         mark = "" if len(set(row)) == 1 else "   <- differs"
-        print(op.ljust(28) + "".join(d.ljust(17) for d in row) + mark)
+        print(op.ljust(32) + "".join(d.ljust(17) for d in row) + mark)
     own = float(fresh(WARM + RUN, {}, pinned=False))
     pinned = float(fresh(RUN, {}, pinned=True))
     print(f"\nFedAvg, LeNet-5-BN, 10 clients, 3 rounds, one thread: the machine's own kernels {own:.2f} s, the pinned "

@@ -6,8 +6,8 @@ a run computed on a CPU with AVX-512 differs from round 1 from the same run on a
 operation by operation (``benchmarks/kernel_dispatch.py``):
 
 - ATen (``ATEN_CPU_CAPABILITY``): ``log_softmax`` and the cross-entropy's backward, ``randn``;
-- oneDNN (``ONEDNN_MAX_CPU_ISA``): every convolution, forward and backward (``jit:avx512_core`` or
-  ``jit:avx2``; AMX where present);
+- oneDNN (``ONEDNN_MAX_CPU_ISA``): the input gradient of convolutions with more channels (``jit:avx512_core``
+  against ``jit:avx2``), and below AVX2 every convolution;
 - MKL (``MKL_CBWR``): every matrix product (linear layers), and the vector maths behind ``exp`` and ``tanh``.
   MKL's AVX2 branch differs between Intel and AMD CPUs (its reproducible branches are Intel's); its
   ``COMPATIBLE`` branch (SSE2) is the one every x86-64 CPU computes alike;
