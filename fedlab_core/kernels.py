@@ -5,10 +5,10 @@ inputs, an AVX-512 kernel and an AVX2 kernel round differently (other reduction 
 a run computed on a CPU with AVX-512 differs from round 1 from the same run on a CPU without it. Measured
 operation by operation (``benchmarks/kernel_dispatch.py``):
 
-- ATen (``ATEN_CPU_CAPABILITY``): ``log_softmax`` and the cross-entropy's backward, ``randn``;
+- ATen (``ATEN_CPU_CAPABILITY``): ``log_softmax`` and the cross-entropy's backward, ``tanh``, ``randn``;
 - oneDNN (``ONEDNN_MAX_CPU_ISA``): the input gradient of convolutions with more channels (``jit:avx512_core``
   against ``jit:avx2``), and below AVX2 every convolution;
-- MKL (``MKL_CBWR``): every matrix product (linear layers), and the vector maths behind ``exp`` and ``tanh``.
+- MKL (``MKL_CBWR``): every matrix product (linear layers), and the vector maths behind ``exp``.
   MKL's AVX2 branch differs between Intel and AMD CPUs (its reproducible branches are Intel's); its
   ``COMPATIBLE`` branch (SSE2) is the one every x86-64 CPU computes alike;
 - NumPy (``NPY_DISABLE_CPU_FEATURES``): float64 ``exp`` and ``log`` (OT alignment's Sinkhorn iterations);
@@ -164,14 +164,15 @@ def describe(sig: dict[str, object] | None) -> str:
     return f"{sig.get('arch')}, ATen {sig.get('isa')}, {pins}, canary {sig.get('canary')}"
 
 
-def check_pinned() -> None:
-    """Raise RuntimeError, in one line, unless this process computes with the pinned kernels (the archive takes
-    no other runs, so that every archived number verifies on every x86-64 machine with AVX2)."""
-    sig = signature()
-    if sig["canary"] == PINNED_CANARY:
+def check_pinned(sig: dict[str, object] | None = None) -> None:
+    """Raise RuntimeError, in one line, unless `sig` (a run's recorded signature; this process's by default) is
+    that of the pinned kernels: the archive takes no other runs, so that every archived number verifies on
+    every x86-64 machine with AVX2."""
+    sig = signature() if sig is None else sig
+    if sig.get("canary") == PINNED_CANARY:
         return
     if not pinnable():
         raise RuntimeError(f"kernels: the archive takes runs computed on x86-64 CPUs with AVX2 and FMA only; this "
-                           f"CPU is {describe(sig)}")
-    raise RuntimeError(f"kernels: not the pinned ones here ({describe(sig)}, expected canary {PINNED_CANARY}): import "
+                           f"run's kernels: {describe(sig)}")
+    raise RuntimeError(f"kernels: not the pinned ones ({describe(sig)}, expected canary {PINNED_CANARY}): import "
                        "fedlab_core before any other code runs a PyTorch or NumPy operation")

@@ -10,9 +10,10 @@ tensors, read as data only):
   :func:`archive_key`, a hash of the config, the device type and PyTorch's version but *not* of the code,
   each entry recording the code version and the kernels (:func:`fedlab_core.kernels.signature`) that computed
   it, gzipped. A run found there is read, not recomputed;
-- :func:`fedlab_core.verification.verify` re-runs the first rounds of one archived run per distinct algorithm, augmentation, dataset,
-  model and partition scheme (or every run in full) and requires its per-round numbers to be bit-identical to
-  the stored ones, so a change of the library that moves numbers cannot leave the archive silently stale.
+- :func:`fedlab_core.verification.verify` re-runs the first rounds of one archived run per distinct algorithm,
+  augmentation, dataset, model and partition scheme (or every run in full) and requires its per-round numbers to
+  be bit-identical to the stored ones, so a change of the library that moves numbers cannot leave the archive
+  silently stale.
 """
 from __future__ import annotations
 
@@ -304,10 +305,11 @@ class Archive:
 
     def add(self, history: History, config: "RunConfig", device: torch.device,
             state: SimulationState | None = None) -> Path:
-        """Store a finished run (and its final state, when given), computed with the pinned kernels on a CPU
-        (:func:`fedlab_core.kernels.check_pinned`), so that it verifies on every x86-64 machine with AVX2."""
+        """Store a finished run (and its final state, when given); a CPU run only if its recorded kernels are the
+        pinned ones (:func:`fedlab_core.kernels.check_pinned`), so that it verifies on every x86-64 machine with
+        AVX2."""
         if device.type == "cpu":
-            check_pinned()
+            check_pinned(history.meta.get("kernels") or {})
         key = archive_key(config, device)
         result, final = self.paths(key)
         if state is not None:
