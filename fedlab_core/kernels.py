@@ -48,26 +48,25 @@ FLAGS_THAT_MATTER = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "
 PINNED_CANARY = "bc211e952aa0"
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux reports them (empty where /proc/cpuinfo is not readable)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in Linux's /proc/cpuinfo, or None where it is not readable."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (empty where /proc/cpuinfo is not readable)."""
+    return frozenset((_cpuinfo("flags") or "").split())
 
 
 def cpu_model() -> str:
     """The CPU's model name, for the record (the signature, not this, decides whether floats can differ)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def pinnable() -> bool:
