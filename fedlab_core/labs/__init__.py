@@ -90,22 +90,45 @@ def tiny_parameters(lab: str, course: Path = COURSE) -> dict:
     return (yaml.safe_load((course / "profiles.yml").read_text()) or {})[lab]["tiny"]
 
 
-def build_sets(course: Path = COURSE) -> dict[str, Path]:
-    """Generate the student (``release/``) and solution (``solution/``) versions of the labs with nbgrader.
+# nbgrader's converters run in one process for every lab: one import of nbgrader, not one per lab and step
+_GENERATE = """
+import sys
+from nbgrader.apps import NbGraderAPI
+from nbgrader.apps.api import capture_log, temp_attrs
+from nbgrader.converters import GenerateAssignment, GenerateSolution
+from traitlets.config.loader import PyFileConfigLoader
 
-    Returns ``{"release": folder, "solution": folder}``. The solutions are written as the sources
-    are, unexecuted (``labs/nbgrader_config.py``), so the whole set takes seconds; the instructor notes
-    are written beside them (``solution/INSTRUCTOR_NOTES.md``).
+api = NbGraderAPI(config=PyFileConfigLoader("nbgrader_config.py", path=".").load_config())
+steps = [{"generate_assignment": GenerateAssignment, "generate_solution": GenerateSolution}[s]
+         for s in sys.argv[1].split(",")]
+for lab in sys.argv[2:]:
+    for converter in steps:
+        with temp_attrs(api.coursedir, assignment_id=lab):
+            app = converter(coursedir=api.coursedir, parent=api)
+            app.force = True
+            done = capture_log(app)
+        if not done["success"]:
+            sys.exit(f"nbgrader {converter.__name__} {lab} failed:\\n{done.get('log', '')}{done.get('error', '')}")
+"""
+
+
+def build_sets(course: Path = COURSE, solutions: bool = True) -> dict[str, Path]:
+    """Generate the student (``release/``) and solution (``solution/``) versions of the labs with nbgrader
+    (its ``generate_assignment`` and ``generate_solution``, all labs in one process).
+
+    Returns ``{"release": folder, "solution": folder}`` (the release folder only, with ``solutions``
+    False). The solutions are written as the sources are, unexecuted (``labs/nbgrader_config.py``), so the
+    whole set takes seconds; the instructor notes are written beside them (``solution/INSTRUCTOR_NOTES.md``).
     """
-    nbgrader = Path(sys.executable).with_name("nbgrader")
     # nbgrader runs alembic (its database migrations) by name: the environment's scripts come first
-    env = {**os.environ, "PATH": f"{nbgrader.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for lab in labs(course):
-        for step in ("generate_assignment", "generate_solution"):
-            done = subprocess.run([str(nbgrader), step, lab, "--force", "--log-level=WARN"], cwd=course, env=env,
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise RuntimeError(f"nbgrader {step} {lab} failed:\n{done.stdout}{done.stderr}")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    steps = "generate_assignment,generate_solution" if solutions else "generate_assignment"
+    done = subprocess.run([sys.executable, "-c", _GENERATE, steps, *labs(course)], cwd=course, env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(done.stderr.strip() or f"nbgrader failed with exit status {done.returncode}")
+    if not solutions:
+        return {"release": course / "release"}
     (course / "solution" / "INSTRUCTOR_NOTES.md").write_text(instructor_notes(course))
     return {"release": course / "release", "solution": course / "solution"}
 
@@ -141,5 +164,5 @@ def student_versions(destination: Path, course: Path = COURSE) -> list[Path]:
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "labs"
         shutil.copytree(course, copy, ignore=shutil.ignore_patterns(*GENERATED))
-        release = build_sets(copy)["release"]
+        release = build_sets(copy, solutions=False)["release"]
         return [Path(shutil.copy(release / lab / f"{lab}.ipynb", destination / f"{lab}.ipynb")) for lab in labs(copy)]
