@@ -48,6 +48,7 @@ log = logging.getLogger("fedlab_core")
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE_DIR = ROOT / "book" / "runs"
+REFERENCES = "pinned"    # the archive's subfolder of reference runs (Archive.references)
 
 
 @dataclass
@@ -58,6 +59,10 @@ class History:
     rounds: list[dict[str, Any]]
     final: dict[str, Any]
     meta: dict[str, Any]
+
+    def with_meta(self, **entries: Any) -> "History":
+        """The same run with `entries` added to its meta (what a chapter measured on its final state)."""
+        return dataclasses.replace(self, meta={**self.meta, **entries})
 
     def frame(self) -> pd.DataFrame:
         """One row per round: accuracy, loss, bytes up/down, seconds (per-client lists left out)."""
@@ -265,6 +270,12 @@ class Archive:
     Writing is switched on by ``FEDLAB_ARCHIVE=write`` in the environment (the book's ``book`` profile
     sets it); reading is always on, so any run of a config the archive holds is read, not recomputed. The
     folder is ``book/runs/`` of the checkout, or ``$FEDLAB_ARCHIVE_DIR``.
+
+    ``pinned/`` beside the entries holds *references* (:meth:`references`): runs recomputed with the pinned
+    kernels whose configs the archive also holds as computed before the pins. The book reads the archive's
+    entries, all computed by one set of kernels, so that no comparison mixes the two and no recomputed run
+    changes a tuning choice the other runs were made with; verification re-runs the references, which hold
+    bit for bit on every x86-64 CPU with AVX2, until the archive is recomputed once with the pinned kernels.
     """
 
     def __init__(self, folder: str | Path | None = None):
@@ -322,9 +333,14 @@ class Archive:
         for path in sorted(self.folder.glob("*.json.gz")):
             yield path.name.removesuffix(".json.gz"), History(**self.read(path))
 
+    def references(self) -> Iterator[tuple[str, History]]:
+        """(key, result) of every run of ``pinned/``, by key (see the class)."""
+        for path in sorted((self.folder / REFERENCES).glob("*.json.gz")):
+            yield path.name.removesuffix(".json.gz"), History(**self.read(path))
+
     def size(self) -> int:
-        """Bytes on disk."""
-        return sum(p.stat().st_size for p in self.folder.glob("*") if p.is_file())
+        """Bytes on disk, references included."""
+        return sum(p.stat().st_size for p in self.folder.rglob("*") if p.is_file())
 
     def summary(self) -> dict[str, Any]:
         """How many runs it holds, their bytes, the hours they took to compute (their own timings), how many keep

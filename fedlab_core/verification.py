@@ -1,7 +1,8 @@
 """The archive re-run against the code: every stored number must come back bit for bit.
 
 :func:`verify` re-runs the first rounds of one archived run per distinct algorithm, augmentation, dataset, model
-and partition scheme (or every run in full) and compares their per-round numbers with the stored ones. Where
+and partition scheme (or every run in full), preferring the archive's references computed with the pinned kernels
+(:meth:`fedlab_core.store.Archive.references`), and compares their per-round numbers with the stored ones. Where
 this process computes with the kernels that computed a run (the same :func:`fedlab_core.kernels.signature`
 canary: on every x86-64 CPU with AVX2, once pinned), any difference fails, naming the run and the round. Where
 the kernels differ (another architecture, a CPU without AVX2, a run computed before the kernels were pinned),
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 from .kernels import describe, signature
 from .runs import rerun as rerun_run
-from .store import Archive, History, _plain, code_version
+from .store import REFERENCES, Archive, History, _plain, code_version
 
 
 @dataclass
@@ -107,8 +108,9 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
         returns the fresh per-round rows (:func:`fedlab_core.runs.rerun`); with `workers`, it also takes
         ``workers=1``.
     rounds : how many first rounds to re-run (None: all).
-    every : every archived run (in full when `rounds` is None); else one run of each distinct :func:`group_of`:
-        the cheapest (seconds per round) of those computed with this process's kernels, else the cheapest.
+    every : every archived run and reference (in full when `rounds` is None); else one run of each distinct
+        :func:`group_of`, among the archive's runs and its references (:meth:`Archive.references`): the cheapest
+        (seconds per round) of those computed with this process's kernels, else the cheapest.
     journal : a file each finished check is appended to (one JSON line); checks it already holds for the same
         run, rounds and code version are read from it, not re-run, so a long verification resumes where it was
         stopped.
@@ -118,7 +120,7 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
     from tqdm import tqdm
 
     archive = archive or Archive()
-    entries = list(archive.entries())
+    entries = list(archive.entries()) + [(f"{REFERENCES}/{key}", h) for key, h in archive.references()]
     if not every:  # per group, a run these kernels can verify strictly first, then the cheapest
         chosen: dict[tuple, tuple[str, History]] = {}
         for key, h in sorted(entries, key=lambda kh: (same_kernels(kh[1]), -(kh[1].meta.get("seconds") or 0.0)

@@ -119,6 +119,33 @@ def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny
     assert fedavg.key == store.archive_key(tiny, CPU) and fedavg.same_kernels
 
 
+def test_verification_checks_a_reference_recomputed_with_the_pinned_kernels_while_the_book_reads_the_entry(
+        tiny, tmp_path, archive, monkeypatch):
+    # the archive's entry was computed before the pins (no kernels recorded); its reference, in pinned/, with them
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    fresh = run(tiny, cache_dir=tmp_path, workers=1)
+    key = store.archive_key(tiny, CPU)
+    path = archive.paths(key)[0]
+    (archive.folder / store.REFERENCES).mkdir()
+    reference = archive.folder / store.REFERENCES / path.name
+    reference.write_bytes(path.read_bytes())
+    legacy = Archive.read(path)
+    del legacy["meta"]["kernels"]
+    legacy["rounds"][0]["mean_client_accuracy"] += 0.01        # other kernels, other floats
+    Archive.write(path, legacy)
+    assert run(tiny, cache_dir=tmp_path / "elsewhere").rounds == legacy["rounds"]   # the book reads the entry
+    assert [k for k, _ in archive.references()] == [key]
+    [check] = verify(rerun, archive, rounds=2)                   # the group's run: the reference, strictly
+    assert check.key == f"pinned/{key}" and check.same_kernels and check.ok and check.first_difference is None
+    assert len(verify(rerun, archive, rounds=1, every=True)) == 2
+    doc = Archive.read(reference)
+    doc["rounds"][1]["train_loss"] += 1e-9                     # a hand-edited reference fails, named
+    Archive.write(reference, doc)
+    [bad] = verify(rerun, archive, rounds=2)
+    assert not bad.ok and bad.first_difference == 2 and f"pinned/{key}" in str(bad)
+    assert fresh.rounds[1]["train_loss"] != doc["rounds"][1]["train_loss"]
+
+
 def test_a_full_verification_resumes_from_its_journal(tiny, tmp_path, archive, monkeypatch):
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     for seed in (0, 1):
