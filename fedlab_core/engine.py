@@ -27,7 +27,7 @@ from .algorithms.base import Algorithm, ClientsFailedError, Message, NonFiniteLo
 from .augment.base import Augment
 from .data.federation import Federation
 from .parallel import WorkerPool
-from .verdicts import plateaued
+from .convergence import plateaued
 
 log = logging.getLogger("fedlab_core")
 
@@ -87,7 +87,7 @@ class Simulation:
         process. More than one needs a CPU run (see :mod:`fedlab_core.parallel`). The numbers do not
         depend on it as long as every process runs torch with the same thread count (:func:`run` uses one).
     stop_at_plateau : stop before a round once the evaluated rounds so far of `plateau_metric` (the mean client
-        accuracy, or the global model's accuracy) pass the plateau test (:func:`fedlab_core.verdicts.plateaued`);
+        accuracy, or the global model's accuracy) pass the plateau test (:func:`fedlab_core.convergence.plateaued`);
         `num_rounds` is then the cap. A method without a global model never stops on the global accuracy.
     """
 

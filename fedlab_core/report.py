@@ -252,7 +252,8 @@ _CLAIMED_DIFFERENCE = re.compile(r"^([+-]\d*\.\d+)( points)?( \([^()]*\))?$")
 def claimed_differences(results: Mapping[str, Mapping[str, Any]]) -> "pd.DataFrame":
     """The ordering verdicts whose paper figure is one difference ("+0.284 (CIFAR-10)", "+7.29 points
     (...)"), with the paper's difference and ours (mean and standard error of the per-seed differences),
-    in the same unit (points divided by 100): what the papers claimed beside what we measured."""
+    in the same unit (points divided by 100), and the verdict: what the papers claimed beside what we
+    measured."""
     import pandas as pd
 
     rows = []
@@ -262,8 +263,9 @@ def claimed_differences(results: Mapping[str, Mapping[str, Any]]) -> "pd.DataFra
             if r["claimed"] is None and m and r["mean"] is not None:
                 claimed = float(m.group(1)) / (100 if m.group(2) else 1)
                 rows.append({"paper": res["paper"], "chapter": chapter, "claim": r["claim"], "claimed": claimed,
-                             "ours": r["mean"], "stderr": r["stderr"], "outcome": r["outcome"]})
-    return pd.DataFrame(rows, columns=["paper", "chapter", "claim", "claimed", "ours", "stderr", "outcome"])
+                             "ours": r["mean"], "stderr": r["stderr"], "outcome": r["outcome"],
+                             "verdict": r["verdict"]})
+    return pd.DataFrame(rows, columns=["paper", "chapter", "claim", "claimed", "ours", "stderr", "outcome", "verdict"])
 
 
 COLUMNS = ("paper", "source", "claim", "paper's number", "ours", "verdict", "evidence", "paper's setting", "deviations",
@@ -350,15 +352,17 @@ def first_screen(table: "pd.DataFrame") -> str:
     """What the report's reader wants first, in Markdown, per paper: its claims judged on our runs (abstract
     rows left out: they sum up the others), how many the rule decided and how (held, not held and why), each
     decided claim linked to its chapter, and why the rest are undecided (not converged at the budget, fewer
-    than five seeds, a number not comparable on our data) or not judged at all (each entry's reason). Every
-    decision on training runs stands on converged runs with at least :data:`~.verdicts.MIN_SEEDS` seeds, so
-    no count mixes converged and unconverged outcomes; a deterministic count or cost is decided on its
-    measurement."""
+    than five seeds, a degenerate run, a decision that did not survive Holm's adjustment, a number not
+    comparable on our data) or not judged at all (each entry's reason). Every decision on training runs
+    stands on converged, non-degenerate runs with at least :data:`~.verdicts.MIN_SEEDS` seeds and survived
+    Holm's adjustment within its table or figure, so the counts are of decisions after adjustment; a
+    deterministic count or cost is decided on its measurement."""
     from .verdicts import MIN_SEEDS
 
-    out = [f"Every decision below that rests on training runs stands on runs that passed the convergence test, with "
-           f"at least {MIN_SEEDS} seeds; a deterministic count or cost (bytes, a fitted exponent) is decided on its "
-           f"measurement."]
+    out = [f"Every decision below that rests on training runs stands on runs that passed the convergence test and "
+           f"learned something (none degenerate), with at least {MIN_SEEDS} seeds, and survived Holm's adjustment "
+           f"over the claims of its table or figure: the counts are of decisions after adjustment. A deterministic "
+           f"count or cost (bytes) is decided on its measurement."]
     for paper, judged, decided, undecided, not_judged in _by_paper(table):
         head = (f"**{paper}**: {len(judged)} claims judged on our runs, {len(decided)} decided"
                 + (f" ({_counted(decided['category'])})" if len(decided) else "")

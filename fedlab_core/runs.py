@@ -16,7 +16,7 @@ import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -504,3 +504,37 @@ def client_features(sim: Simulation, state: SimulationState, per_client: int = 0
         ys.append(y.cpu())
         cs.append(torch.full_like(y.cpu(), cid))
     return torch.cat(zs), torch.cat(ys), torch.cat(cs)
+
+
+@torch.no_grad()
+def unchanged_under_noise(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                          channels: int | None = None, seed: int = 0) -> float:
+    """The share of `predict`'s classes on images `x` that stay the same when the images are replaced by
+    Gaussian noise of their own mean and spread (the first `channels` channels; all when None). Near the
+    share of the most frequent class for a model that reads its images; 1 for one that ignores them (a
+    class read from a marker, an offset, a bias)."""
+    if not len(x):
+        raise ValueError("x: needs at least one image")
+    k = x.shape[1] if channels is None else channels
+    g = torch.Generator().manual_seed(seed)
+    image = x[:, :k]
+    noise = torch.randn(image.shape, generator=g, dtype=image.dtype) * image.std() + image.mean()
+    noisy = torch.cat([noise.to(x.device), x[:, k:]], 1)
+    return float((predict(x).argmax(1) == predict(noisy).argmax(1)).float().mean())
+
+
+def input_dependence(sim: Simulation, state: SimulationState, per_client: int = 500) -> list[float]:
+    """Each client's :func:`unchanged_under_noise` under the trained models of a run (its `predict` on the
+    first `per_client` test images, prepared as evaluation prepares them). Recorded in a run's meta as
+    ``unchanged_under_noise``, it lets :func:`fedlab_core.verdicts.degenerate` refuse a model that ignores
+    its input."""
+    shares = []
+    for cid, data in enumerate(sim.federation.clients):
+        x = data.x_test[:per_client]
+        if not len(x):
+            shares.append(math.nan)
+            continue
+        predict = sim._predictor(state, cid)
+        shares.append(unchanged_under_noise(lambda xb, cid=cid: predict(sim.augment.eval_input(xb, cid)), x,
+                                            seed=cid))
+    return shares

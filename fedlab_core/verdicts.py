@@ -8,36 +8,46 @@ states one, named in the verdict (:data:`BEST_ROUND`: the best evaluated round, 
 :data:`BEST_VALIDATION`: each client's test accuracy at its best round on a validation set held out of its
 training data, FRAug's authors' code, for runs with ``RunConfig.validation_monitor``).
 
-**The convergence test** (:func:`plateaued`), per seed: a line fitted by least squares to the last third of
-the evaluated rounds (at least three of them, and at least :data:`MIN_EVALUATIONS` evaluated rounds in
-all) rises or falls by at most :data:`PLATEAU_RISE` over that span. A verdict on runs of which any fails it
-is *inconclusive (not converged)*, never held or not held. The engine can stop a run as soon as it passes
-(``RunConfig.stop_at_plateau``), with ``num_rounds`` as the cap.
+**The convergence test** (:func:`plateaued`, in :mod:`fedlab_core.convergence`), per seed: a line fitted
+by least squares to the last third of the evaluated rounds rises or falls by at most :data:`PLATEAU_RISE`
+over that span. A verdict on runs of which any fails it is *inconclusive (not converged)*. The engine can
+stop a run as soon as it passes (``RunConfig.stop_at_plateau``), with ``num_rounds`` as the cap.
+
+**Degenerate runs** (:func:`degenerate`): a run that converged can still have learned nothing (near
+chance, a constant answer per client, predictions blind to the input, a collapse from its peak). A verdict
+resting on one is *inconclusive (degenerate: which run, why)*; so is one whose two arms were computed by
+different code versions (*inconclusive (arms from different code)*).
 
 **An ordering claim** ("A beats B") is judged on the paired per-seed differences ``d = A - B`` of the
 scores (the same seeds: the same splits and initialisations), by the 95% Student-t interval of mean d:
 
 - *held* when the interval lies wholly on the claimed side of zero;
 - *not held (reversed)* when it lies wholly on the other side;
-- *not held (no difference)* when it lies wholly inside the equivalence margin ``±margin``
-  (:data:`MARGIN`, one accuracy point, for accuracies);
+- *not held (no difference)* when it lies wholly inside the equivalence margin of the claim's quantity
+  (:data:`QUANTITIES`: one point for accuracies; none for a loss gap);
 - *inconclusive* otherwise, and always with fewer than :data:`MIN_SEEDS` seeds, with runs that have not
-  converged, or with a run that diverged (the reason is printed with it).
+  converged or are degenerate, or with a run that diverged (the reason is printed with it).
+
+"A beats every other" (:func:`beats_every`) is held only if A beats each rival (an intersection-union
+test) and reversed only from intervals widened over the rivals (Bonferroni), never against a rival picked
+by its mean on the same runs.
 
 Under no difference the interval misses zero on each side with probability 2.5%, so a false *held* and a
 false *not held (reversed)* each happen at most 2.5% of the time; :func:`error_rates` measures it by
-simulation, and the power against a real difference, and :func:`rule` prints both. A chapter may add
-seeds to an undecided claim, up to :data:`SEED_CAP`, by declaring two looks (``looks=2``): each look then
-uses a 97.5% interval (Bonferroni), which keeps the false-decision rate of the two looks together within
-the 5% of one look.
+simulation, and the power against a real difference, and :func:`rule` prints both at a given spread. A
+chapter may add seeds to an undecided claim, up to :data:`SEED_CAP`, by declaring two looks (``looks=2``):
+each look then uses a 97.5% interval (Bonferroni).
 
-**A claimed number** ("+11.2 points", "a 1.2% overhead") is judged only where it is comparable on our data:
-a gain in points, a share of a gap normalised by a reference run at the same budget, a cost ratio. It is
-*reached* when the claimed value lies within our 95% interval or on its worse side (below it for a
-quantity where higher is better, above it for a cost), *not reached* otherwise, with the same seed and
-convergence requirements. An absolute number from another dataset ("reaches 99%") is *not comparable*,
-with the reason: our dataset, not the method, would decide it. A deterministic measurement (a byte count,
-a fitted exponent) is judged with ``deterministic=True``: one value, no interval.
+**A claimed number** ("+11.2 points", "a 1.2% overhead") is judged only where it is comparable on our data.
+With the quantity's tolerance t it is *reached* only if our interval's worse bound clears the claim less t,
+*not reached* only if the whole interval misses the claim, and *inconclusive (consistent, undecided)*
+otherwise. A number from another dataset, or one counting something else (a file size against tensor
+bytes), is *not comparable*, with the reason. A deterministic measurement (a byte count, a fitted exponent)
+is judged with ``deterministic=True``: one value, no interval, no family.
+
+**Families** (:func:`holm`, applied by :class:`Verdicts`): the claims of one table or figure of a paper (the
+source their claim starts with) form a family, the book's own claims on a page another; a decision stands
+only if its Holm-adjusted p is below :data:`ALPHA`, else it is *inconclusive (multiplicity)*.
 """
 from __future__ import annotations
 
@@ -50,6 +60,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .convergence import MIN_EVALUATIONS, PLATEAU_RISE, converged, evaluated, plateau_rise, plateaued  # noqa: F401
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -58,11 +70,35 @@ if TYPE_CHECKING:
 MIN_SEEDS = 5            # a decision stands on at least this many seeds
 SEED_CAP = 10            # the most seeds a chapter may add to an undecided claim (a second look)
 LEVEL = 0.95             # the interval that decides, over all looks together
+ALPHA = 1 - LEVEL        # the error rate of one decision, and of a family of them after Holm's adjustment
 MARGIN = 0.01            # the equivalence margin for accuracies: one point (see rule())
-PLATEAU_RISE = 0.01      # the most a converged curve may rise or fall over the last third of its evaluations
-MIN_EVALUATIONS = 6      # fewer evaluated rounds than this show nothing about a plateau
-NOISE_SD = 0.01          # the spread of paired per-seed differences in our converged runs, for error_rates()
+NOISE_SD = 0.025         # the median spread of paired per-seed differences over the book's accuracy claims
 SIMULATIONS = 20_000     # simulated claims per rate printed by rule()
+CHANCE_MARGIN = 0.02     # a run scoring within this of chance (one over the classes) learned nothing
+COLLAPSE = 0.10          # a run whose score ends this far below its peak has collapsed
+BLIND_SHARE = 0.9        # a model whose predictions stay this often the same on noise ignores its input
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """What a claim measures, and the two widths the rule needs for it: the equivalence margin of an
+    ordering (None: never decided "no difference") and the tolerance of a claimed number (ours may be this
+    much worse than the claim and still reach it)."""
+
+    name: str
+    margin: float | None
+    tolerance: float
+    unit: str
+
+
+QUANTITIES = {q.name: q for q in (
+    Quantity("accuracy", MARGIN, 0.01, "accuracy point"),        # below the sampling error of a test accuracy
+    Quantity("silhouette", 0.02, 0.02, "silhouette"),              # on [-1, 1]
+    Quantity("exponent", 0.05, 0.05, "exponent"),                  # a fitted power law's exponent
+    Quantity("loss", None, 0.0, "loss"),                           # a gap between losses: no natural width
+    Quantity("ratio", None, 0.05, "ratio"),                        # a cost ratio, 5% of it
+    Quantity("count", None, 0.0, "count"),                         # bytes, parameters: exact
+)}
 
 LAST_FIFTH = "mean of the last fifth of evaluated rounds"
 BEST_ROUND = "best evaluated round"
@@ -75,9 +111,15 @@ ORDER_VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE)
 REACHED, NOT_REACHED, NOT_COMPARABLE = "reached", "not reached", "not comparable"
 NUMBER_VERDICTS = (REACHED, NOT_REACHED, INCONCLUSIVE, NOT_COMPARABLE)
 NOT_CONVERGED, DIVERGED = "not converged", "a run diverged"
+DEGENERATE, MULTIPLICITY, CONSISTENT = "degenerate", "multiplicity", "consistent, undecided"
+DIFFERENT_CODE = "arms from different code"
+# the reasons a count groups by their first words (the rest of the reason says which run, which p)
+GROUPED = (NOT_CONVERGED, DEGENERATE, MULTIPLICITY, DIFFERENT_CODE)
 # every label a verdict can print, in the order tables and charts list them
 OUTCOMES = (HELD, REACHED, f"{NOT_HELD} ({REVERSED})", f"{NOT_HELD} ({NO_DIFFERENCE})", NOT_REACHED,
-            f"{INCONCLUSIVE} ({NOT_CONVERGED})", f"{INCONCLUSIVE} (fewer than {MIN_SEEDS} seeds)", INCONCLUSIVE,
+            f"{INCONCLUSIVE} ({MULTIPLICITY})", f"{INCONCLUSIVE} ({CONSISTENT})", f"{INCONCLUSIVE} ({DEGENERATE})",
+            f"{INCONCLUSIVE} ({NOT_CONVERGED})", f"{INCONCLUSIVE} ({DIFFERENT_CODE})",
+            f"{INCONCLUSIVE} (fewer than {MIN_SEEDS} seeds)", INCONCLUSIVE,
             f"{INCONCLUSIVE} ({DIVERGED})", NOT_COMPARABLE)
 
 
@@ -138,6 +180,32 @@ def _interval(values: list[float], level: float) -> tuple[float, float, float, f
     return mean, se, mean - half, mean + half
 
 
+def _sf(t: float, dof: int) -> float:
+    """P(T > t) for Student's t with `dof` degrees of freedom."""
+    from scipy import stats
+    return float(stats.t.sf(t, dof))
+
+
+def _p_beyond(mean: float, se: float, n: int, bound: float, above: bool) -> float:
+    """The two-sided-equivalent p-value of "the mean lies above `bound`" (below with ``above`` False): the
+    interval at level L lies wholly on that side of `bound` exactly when this p is below 1 - L."""
+    if n < 2 or not se > 0:
+        return 0.0 if (mean > bound if above else mean < bound) else 1.0
+    t = (mean - bound) / se if above else (bound - mean) / se
+    return min(1.0, 2 * _sf(t, n - 1))
+
+
+def family_of(claim: str) -> str:
+    """The family a claim is adjusted with: the paper's table or figure its claim starts with ("Table 1",
+    "Fig. 2a", "Sec. 6", "Appendix Table 3"), else the book's own claims (:data:`BEYOND_THE_PAPER`)."""
+    m = _SOURCE.match(claim or "")
+    return m.group(1) if m else BEYOND_THE_PAPER
+
+
+BEYOND_THE_PAPER = "the book's own claims"
+_SOURCE = re.compile(r"^((?:Appendix )?(?:Table|Fig\.|Sec\.|Eq\.) ?[0-9]+[a-z]?)\b")
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One judged claim.
@@ -156,10 +224,18 @@ class Verdict:
     paper : the paper's figure for the claim, as text (e.g. "+0.189 on CIFAR-10"), for the tables.
     runs : for a claim judged on training runs, the runs of each side (claimed better first, one per seed),
         whose curves :meth:`Verdicts.curves` draws; empty otherwise.
-    reason : why a claim is not held (reversed, no difference) or undecided (not converged, too few seeds,
-        a run diverged), or why a number is not comparable; printed in brackets after the outcome.
+    reason : why a claim is not held (reversed, no difference) or undecided (not converged, degenerate, too
+        few seeds, a run diverged, not significant after Holm's adjustment), or why a number is not
+        comparable; printed in brackets after the outcome.
     score : how each run was scored (:data:`SCORES`), for claims judged on runs.
     margin : the equivalence margin of an ordering claim (None: no "no difference" decision).
+    quantity : what the claim measures (a key of :data:`QUANTITIES`).
+    p : the p-value of the decision the interval made (that of the nearest decision when it made none; NaN
+        when the claim could not be tested: too few seeds, not converged, degenerate, a measurement).
+    family : the family of claims it is adjusted with (:func:`family_of`).
+    adjusted_p : its Holm-adjusted p within the family (NaN until :class:`Verdicts` adjusts it).
+    family_size : how many tested claims the family holds (0 until adjusted).
+    unadjusted : the verdict before Holm's adjustment (None: not adjusted).
     """
 
     claim: str
@@ -177,6 +253,12 @@ class Verdict:
     reason: str = ""
     score: str = ""
     margin: float | None = None
+    quantity: str = "accuracy"
+    p: float = math.nan
+    family: str = ""
+    adjusted_p: float = math.nan
+    family_size: int = 0
+    unadjusted: "Verdict | None" = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -186,11 +268,12 @@ class Verdict:
     @property
     def category(self) -> str:
         """The label a count groups by (one of :data:`OUTCOMES`): the label, with a not comparable number's
-        own reason left out and "not converged" standing for every unconverged claim."""
+        own reason left out and the reasons of :data:`GROUPED` by their first words."""
         if self.verdict == NOT_COMPARABLE:
             return NOT_COMPARABLE
-        if self.reason.startswith(NOT_CONVERGED):
-            return f"{INCONCLUSIVE} ({NOT_CONVERGED})"
+        for reason in GROUPED:
+            if self.reason.startswith(reason):
+                return f"{INCONCLUSIVE} ({reason})"
         return self.label
 
     @property
@@ -199,15 +282,25 @@ class Verdict:
         return self.verdict not in (INCONCLUSIVE, NOT_COMPARABLE)
 
     @property
+    def tested(self) -> bool:
+        """Whether the claim was put to a test with an error rate (so counts in its family's adjustment)."""
+        return not math.isnan(self.p)
+
+    @property
     def evidence(self) -> str:
-        """Our numbers in one phrase: "d = +0.012 [+0.004, +0.020] (5 seeds)" or "0.91 [0.88, 0.94] (5 seeds)"."""
+        """Our numbers in one phrase: "d = +0.012 [+0.004, +0.020] (5 seeds)" or "0.91 [0.88, 0.94] (5 seeds)",
+        with the Holm-adjusted p of a decision that stood a family of more than one test."""
         seeds = f"{self.seeds} seed{'s' if self.seeds != 1 else ''}"
         if self.diverged:
             return f"{seeds}, a run diverged"
         if self.claimed is None:
-            return difference_text(self.mean, self.low, self.high, self.seeds, self.paper)
-        interval = "" if math.isnan(self.low) or self.low == self.high else f" [{self.low:.3g}, {self.high:.3g}]"
-        return f"{self.mean:.3g}{interval} ({seeds}), claimed {self.claimed:.3g}"
+            text = difference_text(self.mean, self.low, self.high, self.seeds, self.paper)
+        else:
+            interval = "" if math.isnan(self.low) or self.low == self.high else f" [{self.low:.3g}, {self.high:.3g}]"
+            text = f"{self.mean:.3g}{interval} ({seeds}), claimed {self.claimed:.3g}"
+        if self.decided and self.family_size > 1 and not math.isnan(self.adjusted_p):
+            text += f"; Holm p = {self.adjusted_p:.2g} of {self.family_size}"
+        return text
 
     def __str__(self) -> str:
         return f"{self.label}: {self.evidence}"
@@ -238,63 +331,187 @@ def _undecided(n: int, converged: bool, required: bool = True) -> str:
     return "" if converged else NOT_CONVERGED
 
 
+def _quantity(quantity: str) -> Quantity:
+    if quantity not in QUANTITIES:
+        raise ValueError(f"quantity: unknown value {quantity!r}; allowed: {', '.join(QUANTITIES)}")
+    return QUANTITIES[quantity]
+
+
+_DEFAULT = object()   # "the quantity's own margin or tolerance"
+
+
+def _runs_reason(runs, metric: str) -> str:
+    """Why the runs behind a claim cannot decide it whatever their interval: a degenerate run
+    (:func:`degenerate`), or arms computed by different code versions; "" when they can."""
+    for side in runs:
+        for h in side:
+            why = degenerate(h, metric)
+            if why:
+                return (f"{DEGENERATE}: {h.config.get('algorithm')} seed {h.config.get('seed')} {why}")
+    versions = [{h.meta.get("code_version") for h in side} for side in runs]
+    if len(versions) == 2 and versions[0] != versions[1]:
+        return f"{DIFFERENT_CODE} versions: waits for the recompute"
+    return ""
+
+
+def _order_p(mean: float, se: float, n: int, sign: float, margin: float | None) -> tuple[float, float, float]:
+    """The p-values of held (sign * d > 0), reversed (sign * d < 0) and no difference (|d| < margin)."""
+    m = sign * mean
+    held, reversed_ = _p_beyond(m, se, n, 0.0, True), _p_beyond(m, se, n, 0.0, False)
+    same = (1.0 if margin is None else
+            max(_p_beyond(m, se, n, -margin, True), _p_beyond(m, se, n, margin, False)))
+    return held, reversed_, same
+
+
 def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping[int, float], claim: str = "",
           higher: bool = True, converged: bool = True, paper: str = "",
-          runs: tuple[Sequence["History"], Sequence["History"]] = (), margin: float | None = MARGIN,
-          looks: int = 1, score: str = "") -> Verdict:
+          runs: tuple[Sequence["History"], Sequence["History"]] = (), margin: float | None = _DEFAULT,
+          looks: int = 1, score: str = "", quantity: str = "accuracy", metric: str = "mean_client_accuracy"
+          ) -> Verdict:
     """Judge "a beats b" from paired per-seed results.
 
     Parameters
     ----------
     a, b : per-seed results of the two sides (sequences in the same seed order, or mappings seed -> value).
-    claim : the claim in a short phrase.
+    claim : the claim in a short phrase, starting with its source in the paper ("Table 1, DH 40%: ...") or
+        with none for the book's own claims: its family for Holm's adjustment (:func:`family_of`).
     higher : True when the claim is that a is higher than b (accuracy), False when lower (loss, cost).
     converged : whether the runs behind both sides passed the plateau test (see :func:`converged`).
     paper : the paper's figure for the claim, as text.
     runs : the training runs behind a and b, when the values come from runs: their curves are drawn by
-        :meth:`Verdicts.curves`.
-    margin : the equivalence margin in the unit of a and b (default one accuracy point); None for a
-        quantity with no natural margin: the claim is then never decided as "no difference".
+        :meth:`Verdicts.curves`, and a degenerate run (:func:`degenerate`) or arms computed by different code
+        versions leave the claim undecided.
+    margin : the equivalence margin in the unit of a and b (default: the quantity's, one point for
+        accuracies); None: the claim is never decided as "no difference".
     looks : how many times the chapter may look at this claim as it adds seeds (2: at five seeds and again
         up to :data:`SEED_CAP`); each look's interval is widened so the looks together keep the 5% rate.
     score : how the values were scored, when they come from runs (:data:`SCORES`).
+    quantity : what a and b measure (a key of :data:`QUANTITIES`).
+    metric : the runs' metric the values come from (for :func:`degenerate`).
     """
+    q = _quantity(quantity)
+    margin = q.margin if margin is _DEFAULT else margin
     d = _paired(a, b)
     if not d:
         raise ValueError("a claim needs at least one seed")
     if margin is not None and not margin >= 0:
         raise ValueError(f"margin: must be a number >= 0 or None; got {margin!r}")
     common = dict(claim=claim, seeds=len(d), converged=converged, values=tuple(d), paper=paper,
-                  runs=tuple(tuple(r) for r in runs), score=score, margin=margin)
+                  runs=tuple(tuple(r) for r in runs), score=score, margin=margin, quantity=quantity,
+                  family=family_of(claim))
     if any(math.isnan(v) for v in d):
         return Verdict(verdict=INCONCLUSIVE, mean=math.nan, stderr=math.nan, reason=DIVERGED, **common)
     mean, se, low, high = _interval(d, look_level(looks))
-    reason = _undecided(len(d), converged)
+    reason = _runs_reason(runs, metric) or _undecided(len(d), converged)
     if reason:
         return Verdict(verdict=INCONCLUSIVE, mean=mean, stderr=se, low=low, high=high, reason=reason, **common)
     outcome = int(_decide(low, high, 1.0 if higher else -1.0, margin))
+    ps = [min(1.0, looks * x) for x in _order_p(mean, se, len(d), 1.0 if higher else -1.0, margin)]
     verdict, reason = [(HELD, ""), (NOT_HELD, REVERSED), (NOT_HELD, NO_DIFFERENCE), (INCONCLUSIVE, "")][outcome]
-    return Verdict(verdict=verdict, mean=mean, stderr=se, low=low, high=high, reason=reason, **common)
+    p = ps[outcome] if outcome < 3 else min(ps)
+    return Verdict(verdict=verdict, mean=mean, stderr=se, low=low, high=high, reason=reason, p=p, **common)
+
+
+def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]], claim: str = "",
+                metric: str = "mean_client_accuracy", higher: bool = True, paper: str = "",
+                protocol: str = LAST_FIFTH, margin: float | None = _DEFAULT, values=None,
+                quantity: str = "accuracy") -> Verdict:
+    """Judge "a beats every other method" without picking the rival on the runs that judge it.
+
+    *Held* only if a beats each rival by the rule of :func:`order` (an intersection-union test: each
+    comparison at the full level, so a false *held* stays within 2.5% however many rivals); *not held
+    (reversed)* only if some rival beats a with a Bonferroni-widened interval (level 1 - 0.05 / k over k
+    rivals: simultaneous, so the rival that looks best on these runs cannot make a false *reversed* likelier);
+    *not held (no difference)* likewise when a is within the margin of some rival. The evidence printed is
+    that against the rival closest to a (the best other by mean), whose runs the curves show.
+
+    `values` : optional ``{name: {seed: value}}`` for a and each rival (``"a"`` for a) when the scores are
+    not :func:`score` of the runs (best rounds of a table, silhouettes); the runs still decide convergence
+    and degeneracy. `quantity` : what the values measure (:data:`QUANTITIES`).
+    """
+    if not rivals:
+        raise ValueError("rivals: a claim against every other method needs at least one rival")
+    k = len(rivals)
+    scored = values or {"a": seed_values(a, metric, protocol),
+                        **{name: seed_values(runs, metric, protocol) for name, runs in rivals.items()}}
+    sign = 1.0 if higher else -1.0
+    diffs = {name: _paired(scored["a"], scored[name]) for name in rivals}
+    closest = min(diffs, key=lambda name: sign * float(np.mean(diffs[name])) if not any(map(math.isnan, diffs[name]))
+                  else -math.inf)
+    base = order(scored["a"], scored[closest], claim, higher,
+                 runs_converged(a, metric) and all(runs_converged(r, metric) for r in rivals.values()), paper,
+                 runs=(a, rivals[closest]), margin=margin, score=protocol if values is None else "",
+                 quantity=quantity, metric=metric)
+    if base.verdict == INCONCLUSIVE and base.reason:
+        for name, runs in rivals.items():         # a degenerate rival or other code leaves the claim undecided too
+            why = _runs_reason((a, runs), metric)
+            if why:
+                return dataclasses.replace(base, reason=why)
+        return base
+    for name, runs in rivals.items():
+        why = _runs_reason((a, runs), metric)
+        if why:
+            return dataclasses.replace(base, verdict=INCONCLUSIVE, reason=why, p=math.nan)
+    outcome, p = _every(np.array([diffs[name] for name in rivals]), sign, base.margin)
+    verdict, reason = [(HELD, ""), (NOT_HELD, REVERSED), (NOT_HELD, NO_DIFFERENCE), (INCONCLUSIVE, "")][int(outcome)]
+    return dataclasses.replace(base, verdict=verdict, reason=reason, p=float(p))
+
+
+def _every(d: np.ndarray, sign: float, margin: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """The decision of "beats every rival" from paired differences d (..., k rivals, n seeds): 0 held (each
+    rival beaten at the full level: the largest p), 1 reversed or 2 no difference (some rival, Bonferroni over
+    the k), 3 undecided; and the p of the decision (of the nearest one when undecided)."""
+    from scipy import stats
+
+    k, n = d.shape[-2], d.shape[-1]
+    m = sign * d.mean(-1)
+    se = d.std(-1, ddof=1) / math.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        def beyond(bound, above):   # vectorised _p_beyond
+            t = (m - bound) / se if above else (bound - m) / se
+            return np.minimum(1.0, 2 * stats.t.sf(np.where(se > 0, t, np.sign(t) * np.inf), n - 1))
+        held = beyond(0.0, True).max(-1)
+        reversed_ = np.minimum(1.0, k * beyond(0.0, False).min(-1))
+        same = (np.ones_like(held) if margin is None else
+                np.minimum(1.0, k * np.maximum(beyond(-margin, True), beyond(margin, False)).min(-1)))
+    ps = np.stack([held, reversed_, same], -1)
+    best = ps.argmin(-1)
+    p = np.take_along_axis(ps, best[..., None], -1)[..., 0]
+    return np.where(p < ALPHA, best, 3), p
 
 
 def number(values: Sequence[float] | Mapping[int, float], claimed: float, claim: str = "", higher: bool = True,
            converged: bool = True, deterministic: bool = False, comparable: str | bool = True,
-           paper: str = "") -> Verdict:
-    """Judge a claimed number against our per-seed values.
+           paper: str = "", quantity: str = "accuracy", tolerance: float = _DEFAULT,
+           runs: tuple[Sequence["History"], ...] = ()) -> Verdict:
+    """Judge a claimed number against our per-seed values, three ways.
+
+    With the claimed value c and the quantity's tolerance t (one point for accuracies): *reached* only if our
+    interval's worse bound clears c - t (c + t for a cost); *not reached* only if the whole interval misses c
+    (lies below it; above it for a cost); otherwise *inconclusive (consistent, undecided)*. So "reached" is
+    never said of an interval that also holds a value more than t worse than the claim.
 
     Parameters
     ----------
     values : our per-seed values (or one value with ``deterministic``).
     claimed : the paper's number, in the same unit.
-    claim : the claim in a short phrase.
+    claim : the claim in a short phrase (its source first, as for :func:`order`).
     higher : True when higher is better (accuracy, a gain), False for a cost (seconds, bytes, a ratio).
     converged : whether the runs behind the values passed the plateau test.
     deterministic : the values do not vary with the seed (a byte count, an exponent fitted to one sweep):
         judged on their mean, with no interval and no seed requirement.
     comparable : True when the claimed number means the same on our data; else the reason it does not (an
-        absolute accuracy on another dataset): the verdict is then *not comparable*, with that reason.
+        absolute accuracy on another dataset, a file size against a parameter count): the verdict is then
+        *not comparable*, with that reason.
     paper : the paper's figure as text (default: the claimed number).
+    quantity : what the number measures (a key of :data:`QUANTITIES`): its tolerance.
+    tolerance : overrides the quantity's tolerance, in the unit of the values.
+    runs : the training runs behind the values, checked by :func:`degenerate`.
     """
+    q = _quantity(quantity)
+    tol = q.tolerance if tolerance is _DEFAULT else float(tolerance)
+    if not tol >= 0:
+        raise ValueError(f"tolerance: must be a number >= 0; got {tolerance!r}")
     v = _values(values)
     v = list(v.values()) if isinstance(v, dict) else v
     if not v:
@@ -302,7 +519,8 @@ def number(values: Sequence[float] | Mapping[int, float], claimed: float, claim:
     if comparable is not True and not (isinstance(comparable, str) and comparable.strip()):
         raise ValueError("comparable: must be True or the reason the claimed number is not comparable")
     common = dict(claim=claim, seeds=len(v), claimed=float(claimed), converged=converged, values=tuple(v),
-                  paper=paper or f"{float(claimed):.3g}")
+                  paper=paper or f"{float(claimed):.3g}", quantity=quantity, family=family_of(claim),
+                  runs=tuple(tuple(r) for r in runs))
     if comparable is not True:
         mean, se = _mean_se(v)
         return Verdict(verdict=NOT_COMPARABLE, mean=mean, stderr=se, reason=comparable, **common)
@@ -313,57 +531,71 @@ def number(values: Sequence[float] | Mapping[int, float], claimed: float, claim:
         low = high = mean
     else:
         mean, se, low, high = _interval(v, LEVEL)
-    reason = _undecided(len(v), converged, required=not deterministic)
+    reason = _runs_reason(runs, "mean_client_accuracy") if runs else ""
+    reason = reason or _undecided(len(v), converged, required=not deterministic)
     if reason:
         return Verdict(verdict=INCONCLUSIVE, mean=mean, stderr=se, low=low, high=high, reason=reason, **common)
-    ok = claimed <= high if higher else claimed >= low
-    return Verdict(verdict=REACHED if ok else NOT_REACHED, mean=mean, stderr=se, low=low, high=high, **common)
+    sign = 1.0 if higher else -1.0
+    good, bad = sign * (low if higher else high), sign * (high if higher else low)   # worse and better bound
+    c = sign * claimed
+    if deterministic:
+        p = math.nan       # a measurement: no sampling error, no family
+    else:
+        n, m = len(v), sign * mean
+        p_reached, p_missed = _p_beyond(m, se, n, c - tol, True), _p_beyond(m, se, n, c, False)
+    if good >= c - tol:
+        verdict, reason = REACHED, ""
+        p = p if deterministic else p_reached
+    elif bad < c:
+        verdict, reason = NOT_REACHED, ""
+        p = p if deterministic else p_missed
+    else:
+        verdict, reason = INCONCLUSIVE, CONSISTENT
+        p = p if deterministic else min(p_reached, p_missed)
+    return Verdict(verdict=verdict, mean=mean, stderr=se, low=low, high=high, reason=reason, p=p, **common)
 
 
-# ------------------------------------------------------------------------------ convergence and scores
+def degenerate(h: "History", metric: str = "mean_client_accuracy") -> str:
+    """Why a run cannot stand behind a verdict although it may pass the convergence test, or "" when it can.
 
-def _evaluated(curve: Sequence[float | None] | Mapping[int, float | None]) -> tuple[np.ndarray, np.ndarray]:
-    """(rounds, values) of the evaluated points of a curve (None or NaN: not evaluated); a sequence's
-    entries are rounds 1, 2, ..."""
-    items = curve.items() if isinstance(curve, Mapping) else enumerate(curve, 1)
-    pts = [(float(r), float(v)) for r, v in items if v is not None and not math.isnan(float(v))]
-    rounds, values = (np.array(x, dtype=float) for x in zip(*pts)) if pts else (np.array([]), np.array([]))
-    return rounds, values
-
-
-def plateau_rise(curve: Sequence[float | None] | Mapping[int, float | None]) -> float:
-    """The rise of a least-squares line over the last third of a curve's evaluated rounds (at least three
-    points), from the first of them to the last; NaN when fewer than :data:`MIN_EVALUATIONS` rounds were
-    evaluated.
-
-    Parameters
-    ----------
-    curve : the metric per round (a sequence for rounds 1, 2, ... or a mapping round -> value); None or NaN
-        marks a round without an evaluation.
+    - *near chance*: its score (:func:`score`) of the client accuracy, or of `metric`, is within
+      :data:`CHANCE_MARGIN` of one over the number of classes;
+    - *constant predictions*: over the last fifth of its evaluated rounds (at least three), every client's
+      accuracy stays exactly the same and is the same for every client, as a model that answers each
+      client with one fixed class on its balanced test set (a model that reads the class from something
+      other than the image);
+    - *blind to its input*, where the run's final state was measured (``meta["unchanged_under_noise"]``,
+      :func:`fedlab_core.runs.input_dependence`): at least :data:`BLIND_SHARE` of each client's predictions
+      stay the same when its images are replaced by noise;
+    - *collapsed*: its score ends more than :data:`COLLAPSE` below the best evaluated round.
     """
-    rounds, values = _evaluated(curve)
-    if len(values) < MIN_EVALUATIONS:
-        return math.nan
-    k = max(3, math.ceil(len(values) / 3))
-    x, y = rounds[-k:], values[-k:]
-    slope = np.polyfit(x, y, 1)[0]
-    return float(slope * (x[-1] - x[0]))
+    counts = h.meta.get("class_counts") or [[]]
+    classes = len(counts[0]) if counts and counts[0] else 0
+    rows = [r for r in h.rounds if r.get("mean_client_accuracy") is not None]
+    for m in dict.fromkeys(("mean_client_accuracy", metric)):
+        if not m.endswith("accuracy") or _diverged(h, m) or not curve(h, m):
+            continue
+        s = score(h, m)
+        if classes and s <= 1 / classes + CHANCE_MARGIN:
+            return f"scores near chance ({m.replace('_', ' ')} {s:.3f} with {classes} classes)"
+    k = max(3, math.ceil(len(rows) / 5))
+    tail = [r.get("client_accuracy") for r in rows[-k:]]
+    if len(rows) >= 3 and tail[0] and len(tail[0]) > 1 and all(t == tail[0] for t in tail) \
+            and len(set(tail[0])) == 1:
+        return (f"predicts a constant per client (every client scores {tail[0][0]:.3f} at each of its last {k} "
+                f"evaluations)")
+    blind = h.meta.get("unchanged_under_noise")
+    if blind is not None and len(blind) and min(blind) >= BLIND_SHARE:
+        return (f"ignores its input (at least {100 * min(blind):.0f}% of each client's predictions unchanged when "
+                f"its images are replaced by noise)")
+    if not _diverged(h, metric) and curve(h, metric) and metric.endswith("accuracy"):
+        peak, end = max(curve(h, metric).values()), score(h, metric)
+        if peak - end > COLLAPSE:
+            return f"collapsed ({metric.replace('_', ' ')} {end:.3f} at the end against a peak of {peak:.3f})"
+    return ""
 
 
-def plateaued(curve: Sequence[float | None] | Mapping[int, float | None], rise: float = PLATEAU_RISE) -> bool:
-    """The convergence test of one run's curve: the line fitted to its last third moves by at most `rise`
-    (up or down) over that span. False with fewer than :data:`MIN_EVALUATIONS` evaluated rounds."""
-    r = plateau_rise(curve)
-    return bool(not math.isnan(r) and abs(r) <= rise)
-
-
-def converged(curves: Sequence[Sequence[float | None]] | Sequence[float | None], rise: float = PLATEAU_RISE) -> bool:
-    """Whether every seed's curve passes :func:`plateaued` (one curve, or one per seed)."""
-    curves = list(curves)
-    if curves and not isinstance(curves[0], (Sequence, Mapping, np.ndarray)):
-        curves = [curves]
-    return bool(curves) and all(plateaued(c, rise) for c in curves)
-
+# ------------------------------------------------------------------------------ scores (the convergence test: .convergence)
 
 def curve(h: "History", metric: str = "mean_client_accuracy") -> dict[int, float]:
     """A run's evaluated rounds: ``{round: metric}``."""
@@ -459,7 +691,7 @@ def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metri
     inconclusive (not converged) unless every run of both sides passes the plateau test."""
     return order(seed_values(a, metric, protocol), seed_values(b, metric, protocol), claim, higher,
                  runs_converged(a, metric) and runs_converged(b, metric), paper, runs=(a, b), margin=margin,
-                 looks=looks, score=protocol)
+                 looks=looks, score=protocol, metric=metric)
 
 
 def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric: str = "mean_client_accuracy",
@@ -509,7 +741,7 @@ def ahead_over_rounds(a: Sequence["History"], b: Sequence["History"], claim: str
         diverged = any(_diverged(x, metric) for x in (h, by_seed[seed]))
         lead[seed] = math.nan if diverged or not common else float(np.mean([ca[r] - cb[r] for r in common]))
     return order(lead, {s: 0.0 for s in lead}, claim, True, runs_converged(a, metric) and runs_converged(b, metric),
-                 paper, runs=(a, b), margin=margin, score="mean difference over the evaluated rounds")
+                 paper, runs=(a, b), margin=margin, score="mean difference over the evaluated rounds", metric=metric)
 
 
 # ------------------------------------------------------------------------------ the rule's error rates
@@ -555,57 +787,166 @@ def error_rates(effect: float = 0.0, seeds: int = MIN_SEEDS, sd: float = NOISE_S
     return dict(zip(("held", "reversed", "no difference", "inconclusive"), map(float, shares)))
 
 
-@functools.lru_cache(maxsize=1)
-def rule() -> str:
-    """The rule as the book prints it, with its error rates computed by :func:`error_rates`."""
-    null, power = error_rates(0.0), error_rates(2 * NOISE_SD)
-    null2, power2 = error_rates(0.0, looks=2), error_rates(2 * NOISE_SD, looks=2)
-    heavy = error_rates(0.0, noise="heavy")
-    small = error_rates(0.0, sd=NOISE_SD / 4)
+@functools.lru_cache(maxsize=32)
+def every_error_rates(rivals: int, effect: float = 0.0, seeds: int = MIN_SEEDS, sd: float = NOISE_SD,
+                      margin: float | None = MARGIN, simulations: int = SIMULATIONS, seed: int = 0) -> dict[str, float]:
+    """How often :func:`beats_every` decides each way when a truly differs from every one of `rivals` equal
+    rivals by `effect`, by simulation: each method's per-seed score is its mean plus independent noise of
+    spread `sd` / sqrt(2) (so that one paired difference has spread `sd`), the differences against the
+    rivals sharing a's noise. Returns ``{"held", "reversed", "no difference", "inconclusive"}`` shares."""
+    rng = np.random.default_rng(seed)
+    scores = rng.standard_normal((simulations, rivals + 1, seeds)) * sd / math.sqrt(2)
+    d = effect + scores[:, :1, :] - scores[:, 1:, :]
+    outcome, _ = _every(d, 1.0, margin)
+    shares = np.bincount(outcome.astype(int), minlength=4) / simulations
+    return dict(zip(("held", "reversed", "no difference", "inconclusive"), map(float, shares)))
+
+
+@functools.lru_cache(maxsize=32)
+def number_error_rates(offset: float, seeds: int = MIN_SEEDS, sd: float = NOISE_SD, tolerance: float = 0.01,
+                       simulations: int = SIMULATIONS, seed: int = 0) -> dict[str, float]:
+    """How often :func:`number` says each thing of a claimed number (higher is better) when our true value
+    lies `offset` from it (-0.03: three points below), by simulation at per-seed spread `sd`. Returns
+    ``{"reached", "not reached", "consistent"}`` shares."""
+    rng = np.random.default_rng(seed)
+    v = offset + sd * rng.standard_normal((simulations, seeds))
+    mean, se = v.mean(1), v.std(1, ddof=1) / math.sqrt(seeds)
+    half = _t_quantile(LEVEL, seeds - 1) * se
+    reached = mean - half >= -tolerance
+    missed = ~reached & (mean + half < 0)
+    return {"reached": float(reached.mean()), "not reached": float(missed.mean()),
+            "consistent": float(1 - reached.mean() - missed.mean())}
+
+
+@functools.lru_cache(maxsize=8)
+def rule(sd: float = NOISE_SD) -> str:
+    """The rule as the book prints it, with its error rates simulated at a per-seed spread `sd` of the paired
+    differences (a chapter passes the spread its own claims show: :meth:`Verdicts.rule`)."""
+    sd = float(sd)
+    null, power2, power3 = error_rates(0.0, sd=sd), error_rates(0.02, sd=sd), error_rates(0.03, sd=sd)
+    null2, power2_2 = error_rates(0.0, sd=sd, looks=2), error_rates(0.02, sd=sd, looks=2)
+    heavy = error_rates(0.0, sd=sd, noise="heavy")
+    every = every_error_rates(4, sd=sd)
+    below = number_error_rates(-0.03, sd=sd)
     pct = lambda x: f"{100 * x:.1f}%"
     return (
         f"**How a verdict is computed.** Each run is scored at convergence: the mean accuracy over the last fifth "
         f"of its evaluated rounds (a paper's own protocol where it states one, named with the verdict). A run "
         f"has converged when a line fitted to the last third of its evaluated rounds (at least "
-        f"{MIN_EVALUATIONS} evaluations) moves by at most {100 * PLATEAU_RISE:.0f} point over that span. The "
-        f"test bounds the rise over that span only, which early in a run is a few evaluations: a curve still "
-        f"rising slowly can pass it on a flat stretch, so a run it stopped early may have had more to gain (a "
-        f"known limit of the test). An "
-        f"ordering claim (\"A beats B\") is judged on the paired per-seed differences d = A − B of the scores, by "
-        f"the {LEVEL:.0%} Student-t interval of their mean: *held* if the interval lies wholly on the claimed side "
-        f"of zero; *not held (reversed)* if wholly on the other side; *not held (no difference)* if wholly within "
-        f"±{100 * MARGIN:.0f} accuracy point, a difference below the sampling error of an accuracy on our test "
-        f"sets (about 1.3 points at 0.8 on 1,000 images); *inconclusive* otherwise, and always with fewer than "
-        f"{MIN_SEEDS} seeds or when any run behind the claim has not converged (the reason is printed). "
-        f"A claimed number is *reached* if it lies within our {LEVEL:.0%} interval or on its worse side, under "
-        f"the same conditions; an absolute number from another dataset is *not comparable*. "
-        f"**Error rates, simulated** ({SIMULATIONS:,} claims each, per-seed spread of d {100 * NOISE_SD:.0f} "
-        f"point, {MIN_SEEDS} seeds): with no real difference the rule says *held* {pct(null['held'])} of the "
-        f"time and *not held (reversed)* {pct(null['reversed'])}; with a real difference of two standard "
-        f"deviations it says *held* {pct(power['held'])} of the time (its power). With heavy-tailed noise (t, 3 "
-        f"degrees of freedom) the false *held* rate is {pct(heavy['held'])}. *No difference* needs a spread "
-        f"well below the margin: at {100 * NOISE_SD:.0f} point it is decided {pct(null['no difference'])} of "
-        f"the time under no difference, at {100 * NOISE_SD / 4:.2f} point {pct(small['no difference'])}. "
-        f"A chapter may add seeds to an undecided claim, up to {SEED_CAP}, with a {look_level(2):.1%} interval "
-        f"at each of the two looks: false *held* then {pct(null2['held'])} and false *reversed* "
-        f"{pct(null2['reversed'])}, power {pct(power2['held'])}."
+        f"{MIN_EVALUATIONS} evaluations) moves by at most {100 * PLATEAU_RISE:.0f} point over that span; a curve "
+        f"still rising slowly can pass it on a flat stretch (a known limit of the test). A run that converged "
+        f"can still have learned nothing: one that scores within {100 * CHANCE_MARGIN:.0f} points of chance, "
+        f"whose every client scores the same constant at each of its last evaluations (a model that answers "
+        f"each client with one class whatever the image), whose predictions stay the same when its images are "
+        f"replaced by noise (measured where its final state is kept), or whose score ends more than "
+        f"{100 * COLLAPSE:.0f} points below its peak is *degenerate*, and no verdict rests on it. "
+        f"An ordering claim (\"A beats B\") is judged on the paired per-seed differences d = A − B of the "
+        f"scores, by the {LEVEL:.0%} Student-t interval of their mean: *held* if the interval lies wholly on the "
+        f"claimed side of zero; *not held (reversed)* if wholly on the other side; *not held (no difference)* "
+        f"if wholly within the quantity's margin (±{100 * MARGIN:.0f} accuracy point; silhouettes and exponents "
+        f"have their own; a loss gap none); *inconclusive* otherwise, and always with fewer than {MIN_SEEDS} "
+        f"seeds, with a run that has not converged or is degenerate, or with arms computed by different code "
+        f"versions (the reason is printed). \"A beats every other\" is *held* only if A beats each rival so, "
+        f"and *reversed* only if some rival beats A with intervals widened over the rivals (Bonferroni), so "
+        f"the rival that looks best on these runs cannot decide it alone. A claimed number c is *reached* only "
+        f"if our interval's worse bound clears c less the quantity's tolerance (one accuracy point), *not "
+        f"reached* only if the whole interval misses c, and *inconclusive (consistent, undecided)* otherwise; "
+        f"a number that means something else on our data (another dataset, a file size against a parameter "
+        f"count) is *not comparable*. **Families.** The claims of one table or figure of a paper form a family, "
+        f"and the book's own claims on a page another; the p-values of a family's decisions are adjusted by "
+        f"Holm's method, and a decision stands only if its adjusted p is below {ALPHA:.2f} (otherwise "
+        f"*inconclusive (multiplicity)*), so each family errs at most {ALPHA:.0%} of the time in all. "
+        f"**Error rates, simulated** ({SIMULATIONS:,} claims each, {MIN_SEEDS} seeds, per-seed spread of d "
+        f"{100 * sd:.1f} points): with no real difference the rule says *held* {pct(null['held'])} of the time "
+        f"and *not held (reversed)* {pct(null['reversed'])} ({pct(heavy['held'])} held with heavy-tailed "
+        f"noise, t with 3 degrees of freedom); with a real difference of 2 points it says *held* "
+        f"{pct(power2['held'])} of the time, of 3 points {pct(power3['held'])} (its power). Against four equal "
+        f"rivals, \"beats every other\" is falsely held {pct(every['held'])} and falsely reversed "
+        f"{pct(every['reversed'])} of the time. A true value 3 points below a claimed number is called "
+        f"*reached* {pct(below['reached'])} of the time. A chapter may add seeds to an undecided claim, up to "
+        f"{SEED_CAP}, with a {look_level(2):.1%} interval at each of the two looks: false *held* then "
+        f"{pct(null2['held'])}, power at 2 points {pct(power2_2['held'])}."
     )
+
+
+def holm(items: Sequence[Verdict]) -> list[Verdict]:
+    """The verdicts with Holm's adjustment applied within each family (:func:`family_of`), from each verdict as
+    it was before any adjustment (so adjusting again, with more claims, starts afresh).
+
+    A family's size m counts every claim in it that was put to a test or could not be (too few seeds, not
+    converged, degenerate: counted with p = 1, as a test that cannot reject); not a measurement without
+    sampling error, nor a number that is not comparable. A decision whose adjusted p is at least
+    :data:`ALPHA` becomes *inconclusive (multiplicity)*, saying what it was before."""
+    raw = [v.unadjusted or v for v in items]
+    out = list(raw)
+    families: dict[str, list[int]] = {}
+    for i, v in enumerate(raw):
+        if v.verdict != NOT_COMPARABLE and (v.tested or not v.decided):
+            families.setdefault(v.family or family_of(v.claim), []).append(i)
+    for family, idx in families.items():
+        m = len(idx)
+        running = 0.0
+        for j, i in enumerate(sorted(idx, key=lambda i: raw[i].p if raw[i].tested else 1.0)):
+            v = raw[i]
+            running = max(running, min(1.0, (m - j) * (v.p if v.tested else 1.0)))
+            if not v.tested:
+                continue
+            adjusted = dataclasses.replace(v, adjusted_p=running, family_size=m, family=family, unadjusted=v)
+            if v.decided and running >= ALPHA:
+                adjusted = dataclasses.replace(
+                    adjusted, verdict=INCONCLUSIVE,
+                    reason=f"{MULTIPLICITY}: {v.label} before Holm's adjustment, adjusted p = {running:.2g} over "
+                           f"the {m} claims of {family}")
+            out[i] = adjusted
+    return out
+
+
+def _summary(items: Sequence[Verdict]) -> str:
+    """E.g. "3 held, 2 not held (reversed), 7 inconclusive (not converged)", by category in the order of
+    :data:`OUTCOMES`."""
+    order_ = {label: i for i, label in enumerate(OUTCOMES)}
+    counts: dict[str, int] = {}
+    for label in sorted((v.category for v in items), key=lambda x: (order_.get(x, len(OUTCOMES)), x)):
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in counts.items())
 
 
 # ------------------------------------------------------------------------------ a chapter's verdicts
 
 @dataclass
 class Verdicts:
-    """The verdicts a chapter makes, in order: ``add`` one, then print, count or tabulate them."""
+    """The verdicts a chapter makes, in order: ``add`` one, then print, count or tabulate them.
+
+    ``items`` are the verdicts after Holm's adjustment within each family (:func:`holm`), recomputed as each
+    verdict is added: a verdict :meth:`add` returned may change as its family grows, so counts and prose
+    read ``items`` once every claim is added."""
 
     items: list[Verdict] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._raw = [v.unadjusted or v for v in self.items]
+        self.items = holm(self._raw)
+
     def add(self, verdict: Verdict) -> Verdict:
-        self.items.append(verdict)
-        return verdict
+        self._raw.append(verdict)
+        self.items = holm(self._raw)
+        return self.items[-1]
 
     def extend(self, verdicts: Iterable[Verdict]) -> None:
-        self.items.extend(verdicts)
+        self._raw.extend(verdicts)
+        self.items = holm(self._raw)
+
+    def spread(self) -> float:
+        """The median per-seed spread (standard deviation) of the paired differences of this page's ordering
+        claims on accuracies with two seeds or more; :data:`NOISE_SD` when there is none."""
+        sds = [float(np.std(v.values, ddof=1)) for v in self.items
+               if v.claimed is None and v.quantity == "accuracy" and len(v.values) > 1 and not v.diverged]
+        return float(np.median(sds)) if sds else NOISE_SD
+
+    def rule(self) -> str:
+        """:func:`rule` with its error rates at this page's own spread (:meth:`spread`), rounded to a tenth of a
+        point."""
+        return rule(round(self.spread(), 3))
 
     def count(self, label: str | None = None) -> int:
         """How many verdicts, or how many with this outcome ("held"), category or full label ("not held
@@ -614,12 +955,7 @@ class Verdicts:
 
     def summary(self) -> str:
         """E.g. "12 verdicts: 3 held, 2 not held (reversed), 7 inconclusive (not converged)", by category."""
-        labels = [v.category for v in self.items]
-        order_ = {label: i for i, label in enumerate(OUTCOMES)}
-        counts: dict[str, int] = {}
-        for label in sorted(labels, key=lambda x: (order_.get(x, len(OUTCOMES)), x)):
-            counts[label] = counts.get(label, 0) + 1
-        parts = ", ".join(f"{n} {k}" for k, n in counts.items())
+        parts = _summary(self.items)
         return f"{len(self.items)} verdict{'s' if len(self.items) != 1 else ''}" + (f": {parts}" if parts else "")
 
     def findings(self) -> str:
@@ -630,13 +966,14 @@ class Verdicts:
         decided = [v for v in self.items if v.decided]
         n = len(self.items)
         lines = [f"**What we found.** The rule decided {len(decided)} of the {n} claim{'s' if n != 1 else ''} "
-                 f"judged on this page" + (f" (a claim on training runs only when they converged, with at least "
-                                           f"{MIN_SEEDS} seeds):" if decided else ".")]
+                 f"judged on this page" + (f" (after Holm's adjustment within each table or figure; a claim on "
+                                           f"training runs only when they converged, none degenerate, with at "
+                                           f"least {MIN_SEEDS} seeds):" if decided else ".")]
         if decided:
             lines += [""] + [f"- *{v.label}*: {v.claim} ({v.evidence})" for v in decided]
-        undecided = Verdicts([v for v in self.items if not v.decided])
-        if undecided.items:
-            lines += ["", f"Undecided: {undecided.summary().partition(': ')[2]}."]
+        undecided = [v for v in self.items if not v.decided]
+        if undecided:
+            lines += ["", f"Undecided: {_summary(undecided)}."]
         return "\n".join(lines)
 
     def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):

@@ -225,8 +225,9 @@ def test_smoke_distrans_ablations_headline_numbers(smoke_book):
     for name in ("distrans_sampled", "pfedhn_sampled", "moon_sampled", "distrans_best_most_clients",
                  "fedavg_best_most_clients"):
         assert 0.0 <= glue[name] <= 1.0
-    # one seed: every ordering claim is inconclusive; Table 7's byte counts are judged on their one value
-    assert decisions(glue["verdict_summary"]) == 4
+    # one seed: every ordering claim is inconclusive; of Table 7's byte counts, judged on their one value, only
+    # ResNet-50's counts what the paper's counts (the others are file sizes or other backbones: not comparable)
+    assert decisions(glue["verdict_summary"]) == 1
 
 
 @pytest.mark.parametrize("stem", ["distrans", "ot_fedavg", "fedrdn", "fedrdn_analysis", "fraug"])
@@ -235,7 +236,39 @@ def test_smoke_verdicts_on_one_seed_are_never_decisions(smoke_book, stem):
     assert book.profile_parameters(PROFILES, stem, "smoke")["SEEDS"] == [0]
     n = glue["verdict_count"]
     assert n > 0 and glue["verdict_summary"].startswith(f"{n} verdicts: ")
-    assert decisions(glue["verdict_summary"]) == 0 and "inconclusive (not converged)" in glue["verdict_summary"]
+    assert decisions(glue["verdict_summary"]) == 0
+    assert "inconclusive (not converged)" in glue["verdict_summary"] or "inconclusive (degenerate)" in glue["verdict_summary"]
+
+
+COUNT = re.compile(r"\b(?:\d+ of (?:the |its |our )?\d+|[Oo]f the \d+)\b")
+COMPARES = re.compile(r"\b(above|below|raised|raises|lower(?:s|ed)?|higher|improv\w*|beats?|better|worse|gains?|ahead|"
+                      r"point the paper's way)\b")
+VERDICT_WORDS = re.compile(r"\b(held|holds|reverse[sd]?|decided|decides|verdicts?|the rule|reached|inconclusive|"
+                           r"undecided)\b|\b[Tt]he paper\b(?!'s way)")
+
+
+def sign_counts(text):
+    """The sentences of a page that count comparisons ("above it for 5 of 7 algorithms") with no verdict or
+    the paper behind the count: the counts a reader would take for findings that no rule decided."""
+    sentences = re.split(r"(?<=[.;])\s+", re.sub(r"\s+", " ", text))
+    return [s for s in sentences if COUNT.search(s) and COMPARES.search(s) and not VERDICT_WORDS.search(s)]
+
+
+def test_the_count_check_finds_signs_counted_as_findings():
+    assert sign_counts("Here FedRDN raised the clients' mean accuracy for 6 of 7 algorithms. Fine.") == [
+        "Here FedRDN raised the clients' mean accuracy for 6 of 7 algorithms."]
+    assert sign_counts("Of the 47 differences on the left, 25 point the paper's way.") != []
+    assert sign_counts("The paper: above both for 4 of 7 algorithms.") == []     # the paper's own count
+    assert sign_counts("Of the 47 differences, 25 of 47 are above zero.") != []
+    assert sign_counts("The rule holds it for 1 of the 7 algorithms, above both.") == []
+
+
+@pytest.mark.parametrize("stem", ["distrans", "distrans_ablations", "distrans_toys", "ot_alignment", "ot_fedavg",
+                                  "fedrdn", "fedrdn_analysis", "fraug", "report", "head_to_head", "baselines"])
+def test_counts_in_a_chapters_prose_are_counts_of_verdicts(smoke_book, stem):
+    html = (smoke_book[1] / "chapters" / f"{stem}.html").read_text()
+    text = re.sub(r"<[^>]+>", " ", re.sub(r"(?s)<(script|style)\b.*?</\1>", " ", html))
+    assert sign_counts(text) == [], stem
 
 
 def decisions(summary):
@@ -363,17 +396,11 @@ def test_smoke_fedrdn_headline_numbers(smoke_book):
             assert 0.0 <= glue[f"{a}_{flow}_pct"] <= 100.0
         gains[a] = glue[f"{a}_fedrdn_gain_pct"]
         assert gains[a] == pytest.approx(glue[f"{a}_fedrdn_pct"] - glue[f"{a}_alone_pct"])
-    assert glue["fedrdn_improved"] == sum(g > 0 for g in gains.values())
     assert glue["largest_gain_algorithm"] in algorithms
     assert glue["largest_gain_pct"] == pytest.approx(max(gains.values()))
     assert glue["smallest_gain_pct"] == pytest.approx(min(gains.values()))
-    assert glue["fedrdn_improved_clear"] == glue["fedrdn_hurt_clear"] == 0   # one seed: no spread to beat
-    assert glue["fedrdn_positive_every_seed"] == glue["fedrdn_improved"]    # one seed: every seed is that seed
-    assert glue["fedrdn_beats_norm"] == sum(glue[f"{a}_fedrdn_pct"] > glue[f"{a}_norm_pct"] for a in algorithms)
-    assert glue["fedrdn_beats_naivemix"] == sum(glue[f"{a}_fedrdn_pct"] > glue[f"{a}_naivemix_pct"] for a in algorithms)
-    assert glue["fedrdn_beats_both"] <= min(glue["fedrdn_beats_norm"], glue["fedrdn_beats_naivemix"])
-    assert glue["norm_decreased"] == sum(glue[f"{a}_norm_pct"] < glue[f"{a}_alone_pct"] for a in algorithms)
-    assert glue["naivemix_decreased"] == sum(glue[f"{a}_naivemix_pct"] < glue[f"{a}_alone_pct"] for a in algorithms)
+    # counts in the prose are counts of verdicts: with one seed the rule decides none
+    assert glue["fedrdn_improved_clear"] == glue["fedrdn_hurt_clear"] == glue["fedrdn_superior_clear"] == 0
 
 
 def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):

@@ -84,3 +84,23 @@ def test_the_library_has_no_import_cycles():
     assert len(graph) > 20
     cycles = {m: sorted(n for n in graph[m] if m in reached(n)) for m in graph if m != "fedlab_core" and m in reached(m)}
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_convergence_test_sits_below_the_engine_and_the_verdicts():
+    """The plateau test is a pure function of a curve in a module of its own, which imports nothing of the
+    library; the engine stops runs with it without importing the verdicts."""
+    import ast
+    from pathlib import Path
+
+    import fedlab_core
+    from fedlab_core import convergence, engine, verdicts
+
+    root = Path(fedlab_core.__file__).parent
+
+    def relative_imports(name):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+
+    assert relative_imports("convergence") == set()
+    assert "convergence" in relative_imports("engine") and "verdicts" not in relative_imports("engine")
+    assert engine.plateaued is convergence.plateaued is verdicts.plateaued

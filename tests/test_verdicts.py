@@ -4,11 +4,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from fedlab_core import RunConfig
 from fedlab_core import verdicts
 from fedlab_core.store import History
-from fedlab_core.verdicts import (BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats,
+from fedlab_core.verdicts import (ALPHA, BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats,
                                   client_scores, converged, error_rates, number, order, plateau_rise, plateaued,
                                   runs_converged, score, seed_values)
 
@@ -95,23 +96,50 @@ def test_two_looks_widen_each_interval():
         order(a, b, looks=0)
 
 
-def test_claimed_number_within_or_below_our_interval_is_reached():
+def test_a_claimed_number_is_reached_only_when_our_worse_bound_clears_it_less_the_tolerance():
     ours = [0.90, 0.92, 0.94, 0.91, 0.93]  # mean 0.92, se 0.0070711: [0.9004, 0.9396]
     v = number(ours, 0.95)
     se = np.std(ours, ddof=1) / math.sqrt(5)
     assert (v.low, v.high) == pytest.approx((0.92 - T4 * se, 0.92 + T4 * se))
-    assert v.verdict == "not reached"                       # above our interval
-    assert number(ours, 0.93).verdict == "reached"          # within
-    assert number(ours, 0.50).verdict == "reached"          # we did better than claimed
+    assert v.verdict == "not reached"                                    # the whole interval below the claim
+    assert number(ours, 0.93).label == "inconclusive (consistent, undecided)"   # 0.9004 < 0.93 - 0.01
+    assert number(ours, 0.91).verdict == "reached"                       # 0.9004 >= 0.91 - 0.01
+    assert number(ours, 0.50).verdict == "reached"                       # we did better than claimed
+    assert number(ours, 0.93, tolerance=0.03).verdict == "reached"       # a wider tolerance
     assert number(ours, 0.95, converged=False).label == "inconclusive (not converged)"
     assert number(ours[:3], 0.5).label == "inconclusive (fewer than 5 seeds)"
 
 
-def test_a_cost_claim_is_reached_when_ours_is_no_lower_than_claimed():
-    ratio = [2.0, 2.2, 2.1, 2.05, 2.15]
-    assert number(ratio, 3.0, higher=False).verdict == "reached"
-    assert number(ratio, 2.1, higher=False).verdict == "reached"
-    assert number(ratio, 1.0, higher=False).verdict == "not reached"
+def test_a_cost_claim_is_reached_when_our_worse_bound_is_no_higher_than_claimed_plus_the_tolerance():
+    ratio = [2.0, 2.2, 2.1, 2.05, 2.15]               # [1.998, 2.202]
+    assert number(ratio, 3.0, higher=False, quantity="ratio").verdict == "reached"
+    assert number(ratio, 2.1, higher=False, quantity="ratio").label == "inconclusive (consistent, undecided)"
+    assert number(ratio, 2.16, higher=False, quantity="ratio").verdict == "reached"   # 2.202 <= 2.16 + 0.05
+    assert number(ratio, 1.0, higher=False, quantity="ratio").verdict == "not reached"
+
+
+def test_a_true_value_three_points_below_the_claim_is_reached_at_most_5_percent_of_the_time():
+    rates = verdicts.number_error_rates(-0.03, sd=0.025)
+    assert rates["reached"] <= 0.05
+    # the same decision, claim by claim, as number() makes it
+    rng = np.random.default_rng(3)
+    reached = sum(number(list(0.80 + rng.normal(0, 0.025, 5)), 0.83).verdict == "reached" for _ in range(400))
+    assert reached / 400 <= 0.05
+    # and "reached" never stands on an interval that also holds the claim less three points
+    for _ in range(400):
+        v = number(list(rng.normal(0.8, 0.03, 5)), 0.8)
+        if v.verdict == "reached":
+            assert v.low > 0.8 - 0.03
+
+
+def test_quantities_bring_their_own_margins_and_unknown_ones_are_refused():
+    gap = [0.004, 0.006, 0.005, 0.004, 0.005]        # a loss gap: no natural margin, never "no difference"
+    assert order(gap, [0.0] * 5, quantity="loss", higher=False).label == "not held (reversed)"
+    tiny = [0.001, -0.002, 0.0015, -0.001, 0.0005]
+    assert order(tiny, [0.0] * 5).label == "not held (no difference)"
+    assert order(tiny, [0.0] * 5, quantity="loss").label == "inconclusive"
+    with pytest.raises(ValueError, match="quantity: unknown value 'points'"):
+        order(tiny, [0.0] * 5, quantity="points")
 
 
 def test_deterministic_numbers_need_no_seeds():
@@ -167,13 +195,25 @@ def test_the_simulation_applies_the_same_decision_as_order():
         assert label == ["held", "not held (reversed)", "not held (no difference)", "inconclusive"][code]
 
 
-def test_the_rule_the_book_prints_carries_the_computed_rates():
-    text = verdicts.rule()
-    null, power = error_rates(0.0), error_rates(2 * verdicts.NOISE_SD)
+def test_the_rule_the_book_prints_carries_the_rates_computed_at_the_spread_it_is_given():
+    text = verdicts.rule(0.025)
+    null, power = error_rates(0.0, sd=0.025), error_rates(0.02, sd=0.025)
     assert f"*held* {100 * null['held']:.1f}%" in text
     assert f"*not held (reversed)* {100 * null['reversed']:.1f}%" in text
-    assert f"*held* {100 * power['held']:.1f}% of the time (its power)" in text
+    assert f"difference of 2 points it says *held* {100 * power['held']:.1f}%" in text
+    assert "per-seed spread of d 2.5 points" in text and "Holm" in text
     assert f"fewer than {verdicts.MIN_SEEDS} seeds" in text and "±1 accuracy point" in text
+    assert verdicts.rule(0.01) != text
+
+
+def test_a_page_prints_the_rule_at_the_spread_its_own_claims_show():
+    rng = np.random.default_rng(0)
+    found = verdicts.Verdicts()
+    for i in range(5):
+        found.add(order(list(rng.normal(0.0, 0.03, 5)), [0.0] * 5, f"claim {i}"))
+    sds = sorted(float(np.std(v.values, ddof=1)) for v in found.items)
+    assert found.spread() == pytest.approx(sds[2])
+    assert f"per-seed spread of d {100 * round(sds[2], 3):.1f} points" in found.rule()
 
 
 # ------------------------------------------------------------------------------ the convergence test
@@ -314,8 +354,9 @@ def test_findings_list_the_decided_claims_and_count_the_undecided_by_why():
     book.add(order([0.8, 0.81], [0.7, 0.7], "A beats C"))
     book.add(order([0.7] * 5, [0.8, 0.81, 0.82, 0.8, 0.81], "A beats E"))
     text = book.findings()
-    assert text.startswith("**What we found.** The rule decided 2 of the 4 claims judged on this page (a claim on "
-                           "training runs only when they converged, with at least 5 seeds):")
+    assert text.startswith("**What we found.** The rule decided 2 of the 4 claims judged on this page (after Holm's "
+                           "adjustment within each table or figure; a claim on training runs only when they "
+                           "converged, none degenerate, with at least 5 seeds):")
     assert "- *held*: A beats B (d = +0.108" in text and "- *not held (reversed)*: A beats E (d = -0.108" in text
     assert "A beats D" not in text and "A beats C" not in text   # undecided claims are counted, not listed
     assert text.endswith("Undecided: 1 inconclusive (not converged), 1 inconclusive (fewer than 5 seeds).")
@@ -441,3 +482,125 @@ def test_a_chapter_names_its_settings_and_an_unknown_name_fails_in_one_line():
     with pytest.raises(ValueError, match=r"^SPLITS: unknown setting 'Dir\(0\.3\)'; choose from 'IID', ") as err:
         named_settings("SPLITS", ["DH 0.8", "Dir(0.3)"])
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------ degenerate runs
+
+def _clients_run(seed, per_round, classes=10, meta=None, algorithm="fedavg"):
+    # a run whose every round is evaluated: per_round[r] is the clients' accuracies at round r + 1
+    rounds = [{"round": r + 1, "client_accuracy": list(acc), "mean_client_accuracy": float(np.mean(acc))}
+              for r, acc in enumerate(per_round)]
+    final = {k: v for k, v in rounds[-1].items() if k != "round"}
+    return History(RunConfig(seed=seed, algorithm=algorithm).to_dict(), rounds, final,
+                   {"class_counts": [[1] * classes] * len(per_round[0]), "code_version": "v1", **(meta or {})})
+
+
+def test_a_run_at_chance_a_constant_predictor_a_blind_model_and_a_collapse_are_degenerate():
+    healthy = _clients_run(0, [[0.5 + 0.03 * r + 0.01 * c for c in range(3)] for r in range(6)]
+                           + [[0.7 + 0.001 * ((r * c) % 3) + 0.01 * c for c in range(3)] for r in range(6)])
+    assert verdicts.degenerate(healthy) == ""
+    chance = _clients_run(0, [[0.10 + 0.005 * ((r + c) % 2) for c in range(3)] for r in range(12)])
+    assert verdicts.degenerate(chance).startswith("scores near chance")
+    # every client 0.500 from round 4 on: a model answering each client with its own class on a 50/50 test set
+    constant = _clients_run(0, [[0.3 + 0.05 * r] * 3 for r in range(4)] + [[0.5] * 3] * 8)
+    assert verdicts.degenerate(constant).startswith("predicts a constant per client")
+    # a converged model whose accuracies happen to stop moving, but differ between clients, is not
+    settled = _clients_run(0, [[0.9, 0.95, 1.0]] * 12)
+    assert verdicts.degenerate(settled) == ""
+    blind = _clients_run(0, [[0.7, 0.8, 0.75]] * 12, meta={"unchanged_under_noise": [0.97, 1.0, 0.95]})
+    assert verdicts.degenerate(blind).startswith("ignores its input")
+    peak = _clients_run(0, [[0.3 + 0.1 * r] * 2 + [0.31 + 0.1 * r] for r in range(5)] + [[0.55, 0.56, 0.57]] * 10)
+    assert verdicts.degenerate(peak).startswith("collapsed (mean client accuracy 0.560 at the end against a peak")
+
+
+def test_a_claim_resting_on_a_degenerate_run_is_inconclusive_whatever_its_interval():
+    good = [_clients_run(s, [[0.80 + 0.01 * s + 0.001 * ((r * c) % 3) for c in range(3)] for r in range(12)])
+            for s in range(5)]
+    stuck = [_clients_run(s, [[0.5] * 3] * 12) for s in range(5)]
+    v = beats(good, stuck, "DisTrans beats FedAvg")
+    assert v.label.startswith("inconclusive (degenerate: fedavg seed 0 predicts a constant per client")
+    assert v.category == "inconclusive (degenerate)" and not v.decided
+    assert beats(good, [_clients_run(s, [[0.70 + 0.002 * s] * 2 + [0.71] for _ in range(12)])
+                        for s in range(5)]).verdict == "held"
+
+
+def test_arms_computed_by_different_code_wait_for_the_recompute():
+    a = [_clients_run(s, [[0.80 + 0.01 * s, 0.81, 0.82]] * 12) for s in range(5)]
+    b = [_clients_run(s, [[0.70 + 0.01 * s, 0.71, 0.72]] * 12, meta={"code_version": "v2"}) for s in range(5)]
+    assert beats(a, b).label == "inconclusive (arms from different code versions: waits for the recompute)"
+
+
+class _Shortcut(torch.nn.Module):
+    """A model that reads the class from a client's marker channel, not from the image."""
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(x[:, 1, 0, 0].long(), 10).float() * 10
+
+
+def test_the_input_check_finds_a_model_that_ignores_its_images():
+    from fedlab_core.runs import unchanged_under_noise
+
+    g = torch.Generator().manual_seed(1)        # not the noise's own seed
+    images = torch.randn(200, 1, 8, 8, generator=g)
+    marker = torch.full((200, 1, 8, 8), 3.0)
+    shortcut = unchanged_under_noise(lambda x: _Shortcut()(x), torch.cat([images, marker], 1), channels=1)
+    assert shortcut == 1.0
+    reader = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    torch.manual_seed(0)
+    reads = unchanged_under_noise(reader, images)
+    assert reads < 0.5
+
+
+# ------------------------------------------------------------------------------ families and multiplicity
+
+def test_holm_adjusts_each_family_and_a_decision_that_does_not_survive_says_what_it_was():
+    found = Verdicts()
+    strong = [0.10, 0.11, 0.09, 0.10, 0.12]             # p ~ 1e-5
+    weak = [0.02, 0.04, 0.005, 0.03, 0.02]              # p ~ 0.02: held alone, not after x 7
+    found.add(order(strong, [0.0] * 5, "Table 1, DH 0%: A beats B"))
+    found.add(order(weak, [0.0] * 5, "Table 1, DH 20%: A beats B"))
+    for i in range(6):
+        found.add(order([0.01, -0.02, 0.015, 0.0, -0.01], [0.0] * 5, f"Table 1, DH {i}: A beats C"))
+    found.add(order(weak, [0.0] * 5, "Fig. 4: A beats B"))   # a family of one: stands
+    raw = order(weak, [0.0] * 5, "Table 1, DH 20%: A beats B")
+    assert raw.verdict == "held" and ALPHA / 7 < raw.p < ALPHA
+    first, second = found.items[0], found.items[1]
+    assert first.verdict == "held" and first.family == "Table 1" and first.family_size == 8
+    assert first.adjusted_p == pytest.approx(min(1, 8 * first.p))
+    assert second.category == "inconclusive (multiplicity)"
+    assert second.reason.startswith("multiplicity: held before Holm's adjustment, adjusted p = ")
+    assert second.reason.endswith("over the 8 claims of Table 1")
+    assert found.items[-1].verdict == "held" and found.items[-1].family_size == 1
+    assert found.count("held") == 2 and "Holm p" in first.evidence
+
+
+def test_holm_controls_the_familywise_error_of_twenty_null_claims():
+    rng = np.random.default_rng(5)
+    families_with_an_error = 0
+    for _ in range(300):
+        found = Verdicts()
+        for i in range(20):
+            found.add(order(list(rng.normal(0, 0.025, 5)), [0.0] * 5, f"Table 2, case {i}: A beats B"))
+        families_with_an_error += any(v.decided and v.verdict != "not held" or v.label == "not held (reversed)"
+                                      for v in found.items)
+    assert families_with_an_error / 300 <= 0.05 + 0.03   # 5% nominal, with room for 300 draws
+
+
+# ------------------------------------------------------------------------------ beats every other
+
+@pytest.mark.parametrize("rivals", [2, 3, 4, 5])
+def test_beats_every_other_with_equal_rivals_errs_at_most_5_percent_either_way(rivals):
+    rates = verdicts.every_error_rates(rivals, sd=0.025)
+    assert rates["held"] <= 0.05 and rates["reversed"] <= 0.05
+    assert verdicts.every_error_rates(rivals, effect=0.05, sd=0.025)["held"] > 0.5   # and it can say held
+
+
+def test_beats_every_judges_each_rival_and_shows_the_closest():
+    a = [_clients_run(s, [[0.80 + 0.01 * s, 0.81, 0.82 + 0.001 * s]] * 12) for s in range(5)]
+    far = [_clients_run(s, [[0.60 + 0.01 * s, 0.61, 0.62 + 0.002 * s]] * 12) for s in range(5)]
+    near = [_clients_run(s, [[0.80 + 0.01 * s + (0.03 if s % 2 else -0.03), 0.81, 0.82]] * 12) for s in range(5)]
+    v = verdicts.beats_every(a, {"far": far, "near": near}, "Table 1: A beats every other")
+    assert v.runs[1] is not None and v.runs[1][0] is near[0]          # the curves of the closest rival
+    assert v.mean == pytest.approx(order(seed_values(a), seed_values(near)).mean)
+    assert v.verdict != "held"                                         # "near" is not beaten
+    assert verdicts.beats_every(a, {"far": far}, "Table 1: A beats every other").verdict == "held"
