@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .convergence import MIN_EVALUATIONS, PLATEAU_RISE, converged, evaluated, plateau_rise, plateaued  # noqa: F401
+from .convergence import MIN_EVALUATIONS, PLATEAU_RISE, converged, plateau_rise, plateaued  # noqa: F401
 
 if TYPE_CHECKING:
     import pandas as pd
