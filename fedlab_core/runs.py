@@ -518,8 +518,8 @@ def unchanged_under_noise(predict: Callable[[torch.Tensor], torch.Tensor], x: to
     k = x.shape[1] if channels is None else channels
     g = torch.Generator().manual_seed(seed)
     image = x[:, :k]
-    noise = torch.randn(image.shape, generator=g, dtype=image.dtype) * image.std() + image.mean()
-    noisy = torch.cat([noise.to(x.device), x[:, k:]], 1)
+    noise = torch.randn(image.shape, generator=g, dtype=image.dtype).to(x.device)   # the same draws on any device
+    noisy = torch.cat([noise * image.std() + image.mean(), x[:, k:]], 1)
     return float((predict(x).argmax(1) == predict(noisy).argmax(1)).float().mean())
 
 
