@@ -6,6 +6,12 @@ decide on runs that fail it; it sits below both, so that neither imports the oth
 **The test** (:func:`plateaued`): a line fitted by least squares to the last third of the evaluated rounds (at
 least three of them, and at least :data:`MIN_EVALUATIONS` evaluated rounds in all) rises or falls by at most
 :data:`PLATEAU_RISE` over that span.
+
+**The stop** (:func:`stop_round`): a run stops at the evaluated round where the test has passed at `patience`
+evaluations in a row. It reads whatever curve it is given; the book's runs give it the clients' accuracy on a
+validation share held out of their training data (``"validation_accuracy"``, :func:`metric_curve`), never the
+test set. :func:`replay` applies the stop to finished curves: how far the score at the stop lies from the
+score at the end.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import numpy as np
 
 PLATEAU_RISE = 0.01      # the most a converged curve may rise or fall over the last third of its evaluations
 MIN_EVALUATIONS = 6      # fewer evaluated rounds than this show nothing about a plateau
+VALIDATION = "validation_accuracy"   # the curve of the clients' mean accuracy on their held-out validation shares
 
 
 def evaluated(curve: Sequence[float | None] | Mapping[int, float | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -59,3 +66,50 @@ def converged(curves: Sequence[Sequence[float | None]] | Sequence[float | None],
     if curves and not isinstance(curves[0], (Sequence, Mapping, np.ndarray)):
         curves = [curves]
     return bool(curves) and all(plateaued(c, rise) for c in curves)
+
+
+def metric_curve(rows: Sequence[Mapping], metric: str) -> dict[int, float | None]:
+    """``{round: value}`` of a run's log rows for `metric`: a logged number, or :data:`VALIDATION`, the mean over
+    clients of ``client_validation_accuracy`` (rounds without it: None)."""
+    if metric != VALIDATION:
+        return {int(r["round"]): r.get(metric) for r in rows}
+    out: dict[int, float | None] = {}
+    for r in rows:
+        val = [v for v in (r.get("client_validation_accuracy") or ()) if v is not None and not math.isnan(v)]
+        out[int(r["round"])] = float(np.mean(val)) if val else None
+    return out
+
+
+def stop_round(curve: Sequence[float | None] | Mapping[int, float | None], patience: int = 1,
+               rise: float = PLATEAU_RISE) -> int | None:
+    """The evaluated round at which a run with this curve stops: the first at which the curve up to it has passed
+    :func:`plateaued` at `patience` evaluated rounds in a row; None when it never does."""
+    if patience < 1:
+        raise ValueError(f"patience: must be at least 1; got {patience}")
+    rounds, values = evaluated(curve)
+    streak = 0
+    for i in range(MIN_EVALUATIONS, len(values) + 1):
+        streak = streak + 1 if plateaued(dict(zip(rounds[:i], values[:i])), rise) else 0
+        if streak >= patience:
+            return int(rounds[i - 1])
+    return None
+
+
+def last_fifth(values: Sequence[float]) -> float:
+    """The mean of the last fifth of a curve's values (at least one): a run's score, which one noisy round cannot
+    decide."""
+    values = list(values)
+    return float(np.mean(values[-max(1, math.ceil(len(values) / 5)):])) if values else math.nan
+
+
+def replay(curve: Sequence[float | None] | Mapping[int, float | None], patience: int = 1,
+           rise: float = PLATEAU_RISE, score: Sequence[float | None] | Mapping[int, float | None] | None = None
+           ) -> tuple[int | None, float]:
+    """The stop applied to a finished curve: (the round it stops at, or None, and the score at the end minus the
+    score at the stop; 0 when it does not stop). The stop reads `curve`; the scores (:func:`last_fifth`) read
+    `score` (default: the same curve), e.g. the stop on validation and the score on test."""
+    at = stop_round(curve, patience, rise)
+    rounds, values = evaluated(curve if score is None else score)
+    if at is None:
+        return None, 0.0
+    return at, last_fifth(values) - last_fifth(values[rounds <= at])

@@ -27,7 +27,7 @@ from .algorithms.base import Algorithm, ClientsFailedError, Message, NonFiniteLo
 from .augment.base import Augment
 from .data.federation import Federation
 from .parallel import WorkerPool
-from .convergence import plateaued
+from .convergence import metric_curve, stop_round
 
 log = logging.getLogger("fedlab_core")
 
@@ -87,16 +87,19 @@ class Simulation:
         process. More than one needs a CPU run (see :mod:`fedlab_core.parallel`). The numbers do not
         depend on it as long as every process runs torch with the same thread count (:func:`run` uses one).
     stop_at_plateau : stop before a round once the evaluated rounds so far of `plateau_metric` (the mean client
-        accuracy, or the global model's accuracy) pass the plateau test (:func:`fedlab_core.convergence.plateaued`);
-        `num_rounds` is then the cap. A method without a global model never stops on the global accuracy.
+        accuracy, the global model's accuracy, or the clients' mean accuracy on their monitored validation shares,
+        ``"validation_accuracy"``) have passed the plateau test at `patience` evaluations in a row
+        (:func:`fedlab_core.convergence.stop_round`); `num_rounds` is then the cap. A method without a global
+        model never stops on the global accuracy.
     """
 
     def __init__(self, algorithm: Algorithm, federation: Federation, model: torch.nn.Module, *, seed: int,
                  num_rounds: int, fraction: float = 1.0, clients_per_round: int = 0, eval_every: int = 1,
                  eval_batch_size: int = 1024, augment: Augment | None = None, progress: bool | None = None,
-                 workers: int = 1, stop_at_plateau: bool = False, plateau_metric: str = "mean_client_accuracy"):
+                 workers: int = 1, stop_at_plateau: bool = False, plateau_metric: str = "mean_client_accuracy",
+                 patience: int = 1):
         self.algorithm, self.federation, self.model = algorithm, federation, model
-        self.stop_at_plateau, self.plateau_metric = stop_at_plateau, plateau_metric
+        self.stop_at_plateau, self.plateau_metric, self.patience = stop_at_plateau, plateau_metric, patience
         self.seed, self.num_rounds = seed, num_rounds
         self.fraction, self.clients_per_round = fraction, clients_per_round
         self.eval_every, self.eval_batch_size = eval_every, eval_batch_size
@@ -242,9 +245,9 @@ class Simulation:
         return state
 
     def plateaued(self, state: SimulationState) -> bool:
-        """Whether the run stops here: `stop_at_plateau` and the evaluated rounds so far pass the plateau test.
-        It reads only the log, so a run resumed from a checkpoint stops at the same round."""
-        return self.stop_at_plateau and plateaued({r["round"]: r[self.plateau_metric] for r in state.rows})
+        """Whether the run stops here: `stop_at_plateau` and the evaluated rounds so far have passed the plateau test
+        `patience` times in a row. It reads only the log, so a run resumed from a checkpoint stops at the same round."""
+        return self.stop_at_plateau and stop_round(metric_curve(state.rows, self.plateau_metric), self.patience) is not None
 
     def _rounds(self, state: SimulationState, bar, on_round_end, last: int) -> None:
         while state.next_round <= last and not self.plateaued(state):

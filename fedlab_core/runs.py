@@ -26,6 +26,7 @@ from .augment import AUGMENTS
 from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset
 from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
+from .convergence import VALIDATION
 from .engine import INIT, Simulation, SimulationState, derive_seed
 from .kernels import cpu_model, signature
 from .models import MODELS, build_model, meta_model
@@ -87,7 +88,8 @@ class RunConfig:
     # evaluation and randomness
     eval_every: int = 1                             # evaluate every this many rounds (and after the last)
     stop_at_plateau: bool = False                   # stop once the accuracy curve has converged (num_rounds: the cap)
-    plateau_metric: str = "mean_client_accuracy"    # the curve stop_at_plateau tests (or "global_accuracy")
+    plateau_metric: str = "mean_client_accuracy"    # the curve stop_at_plateau tests ("global_accuracy", "validation_accuracy")
+    patience: int = 1                               # stop_at_plateau: evaluations in a row that must pass the test
     seed: int = 0                                   # the run's seed: data split, model init, every client stream
 
     def __post_init__(self) -> None:
@@ -139,7 +141,7 @@ FIELD_CONSTRAINTS = {
     "clients_per_round": Range(0), "local_epochs": Range(1, 1000), "local_steps": Range(0), "batch_size": Range(1),
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
     "eval_every": Range(1), "seed": Range(0), "train_transform": OneOf(*TRAIN_TRANSFORMS),
-    "plateau_metric": OneOf("mean_client_accuracy", "global_accuracy"),
+    "plateau_metric": OneOf("mean_client_accuracy", "global_accuracy", VALIDATION), "patience": Range(1, 100),
 }
 
 
@@ -165,6 +167,9 @@ def validate(c: RunConfig) -> None:
     if c.validation and c.validation_monitor:
         raise ValueError("validation_monitor: must be 0 when validation is set (the run is already scored on held-out "
                          f"training data); got {c.validation_monitor}")
+    if c.plateau_metric == VALIDATION and not c.validation_monitor:
+        raise ValueError(f"plateau_metric: {VALIDATION!r} reads the monitored validation shares; set validation_monitor "
+                         "> 0 (e.g. 0.1)")
     if c.clients_per_round > c.num_clients:
         raise ValueError(f"clients_per_round: must be <= num_clients ({c.num_clients}); got {c.clients_per_round}")
     info = DATASETS[c.dataset]
@@ -289,7 +294,8 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
     return Simulation(algorithm, federation, model, seed=config.seed, num_rounds=config.num_rounds,
                       fraction=config.fraction, clients_per_round=config.clients_per_round,
                       eval_every=config.eval_every, augment=augment, progress=progress, workers=workers,
-                      stop_at_plateau=config.stop_at_plateau, plateau_metric=config.plateau_metric)
+                      stop_at_plateau=config.stop_at_plateau, plateau_metric=config.plateau_metric,
+                      patience=config.patience)
 
 
 def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bool = True,

@@ -87,11 +87,11 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
     Columns: ``global_accuracy`` (mean/std/min/max; NaN for a method without a global model),
     ``mean_client_accuracy`` (mean/std), ``worst_client_accuracy`` (mean of each run's lowest client
     accuracy), ``dh``, ``global_model`` (whether the method has one), ``seeds``, ``converged`` (how many of
-    the runs' client-accuracy curves pass the convergence test, :func:`~fedlab_core.verdicts.plateaued`).
+    the runs' client-accuracy curves (validation, where monitored) pass the convergence test, :func:`~fedlab_core.verdicts.plateaued`).
     """
     import numpy as np
 
-    from .verdicts import curve, plateaued
+    from .verdicts import convergence_curve, plateaued
 
     rows = {}
     for label, runs in groups.items():
@@ -104,7 +104,7 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
                        "mean_client_accuracy": client.mean(), "mean_client_accuracy_std": client.std(),
                        "worst_client_accuracy": float(np.mean(worst)), "dh": runs[0].meta["dh"],
                        "global_model": runs[0].meta["global_model"], "seeds": len(runs),
-                       "converged": sum(plateaued(curve(h)) for h in runs)}
+                       "converged": sum(plateaued(convergence_curve(h)) for h in runs)}
     import pandas as pd
 
     return pd.DataFrame.from_dict(rows, orient="index")

@@ -17,9 +17,13 @@ every pair:
   the edge of the rates it tried gets the next rate beyond that edge (the grid's own step), up to
   ``widen`` times per rate, so no method is capped by the grid.
 
-Every candidate is one run of the benchmark's config at fewer rounds than the chapters', one seed, evaluated
-on a validation split carved from the clients' training data (``RunConfig.validation``), never the test
-set. The best validation score wins (ties: the rate closer to the paper's).
+Every candidate is run on each tuning seed (``seeds``: seeds no chapter evaluates on, :data:`SEEDS`), at the
+rounds given (the horizon the chapters' runs use), and evaluated on a validation split carved from the
+clients' training data (``RunConfig.validation``), never the test set. Its score is the mean over the seeds.
+**The one-standard-error rule** chooses: of the candidates whose mean lies within one standard error (over
+the seeds) of the best mean, the smallest rates, the more stable choice (a rate one grid step below a collapse
+scores well on one seed and collapses on the next). With one seed there is no standard error and the best
+score wins (ties: the rate closer to the paper's).
 
 Every candidate is an ordinary cached run, so each chapter that asks for the same benchmark gets the
 same choice without training again. :func:`tuned_configs` applies the choice with the precedence the
@@ -31,7 +35,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
 
 from .algorithms import ALGORITHMS, Training
 from .runs import RunConfig
@@ -53,6 +59,7 @@ SECOND_RATE_GRIDS = {"distrans": ("offset_lr", (0.01, 0.1, 1.0, 10.0)), "pfedhn"
 EVALUATIONS = 10                  # absolute grid: evaluations per candidate run
 VALIDATION = 0.2                  # the share of each client's training data held out for tuning
 METRIC = "mean_client_accuracy"   # every method has it: each client's own prediction rule on its own data
+SEEDS = (100, 101, 102)           # tuning seeds: no chapter evaluates on them (their seeds start at 0)
 
 
 @dataclass
@@ -62,16 +69,17 @@ class Tuning:
     Attributes
     ----------
     grid : one row per (method, candidate): the rates tried, the factor of the paper's rate, the validation
-        score, the seconds the run took when it ran, whether it was chosen.
+        score (the mean over the seeds) and its standard error (``validation_se``, NaN with one seed), the
+        seconds its runs took when they ran, whether it was chosen.
     chosen : method label -> the rates it uses (``{"lr": ..., "offset_lr": ...}``).
-    rounds, seed, validation : how the candidates were run.
+    rounds, seeds, validation : how the candidates were run.
     absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
     """
 
     grid: "pd.DataFrame"
     chosen: dict[str, dict[str, float]]
     rounds: int
-    seed: int
+    seeds: tuple[int, ...]
     validation: float
     absolute: bool = False
 
@@ -80,6 +88,23 @@ class Tuning:
         validation score there (over a second rate); NaN where the method did not try it."""
         return self.grid.pivot_table(index="method", columns="lr" if self.absolute else "factor",
                                      values="validation", aggfunc="max", sort=False).sort_index(axis=1)
+
+    def curves(self) -> "pd.DataFrame":
+        """Per method and learning rate tried: the validation score's mean over the seeds and its standard error
+        (at the method's chosen second rate, where it has one), and whether it was chosen: a method's curve of
+        score against rate, to see how sharp each choice is."""
+        rows = []
+        for method, group in self.grid.groupby("method", sort=False):
+            chosen = self.chosen[method]
+            for name, value in chosen.items():
+                if name != "lr":
+                    group = group[group[name] == value]
+            for _, r in group.sort_values("lr").iterrows():
+                rows.append({"method": method, "lr": r["lr"], "validation": r["validation"],
+                             "validation_se": r["validation_se"], "chosen": bool(r["chosen"])})
+        import pandas as pd
+
+        return pd.DataFrame(rows)
 
     def table(self) -> "pd.DataFrame":
         """One row per method: its paper rate(s), the chosen ones, the factor and the validation score."""
@@ -147,8 +172,9 @@ def candidates(config: RunConfig, grid=GRID, rates=None) -> list[dict[str, float
     return out
 
 
-def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int, seed: int = 0, grid=GRID,
-         validation: float = VALIDATION, metric: str = METRIC, rates=None, widen: int = 2, **sweep_kwargs) -> Tuning:
+def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int, seeds: Sequence[int] = (0,),
+         grid=GRID, validation: float = VALIDATION, metric: str = METRIC, rates=None, widen: int = 2,
+         eval_every: int | None = None, **sweep_kwargs) -> Tuning:
     """Tune every method of a benchmark on its validation split.
 
     Parameters
@@ -156,8 +182,11 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     base : the benchmark's config as the chapters run it (dataset, split, model, scale), rate unset; its
         other training fields, where set, are kept (the chapter's deliberate choices, e.g. local epochs).
     methods : label -> the config changes that make the method (``{"algorithm": "fedprox"}``).
-    rounds : rounds of every candidate run (fewer than the chapters').
-    seed, grid, validation, metric : see the module docstring.
+    rounds : rounds of every candidate run (the horizon of the chapters' runs).
+    seeds : the tuning seeds, each a run per candidate (:data:`SEEDS`: none a chapter evaluates on).
+    grid, validation, metric : see the module docstring.
+    eval_every : evaluate every this many rounds (None: every tenth of the rounds with `rates`, else only the
+        last round).
     rates : the absolute grid (e.g. :data:`RATES`); None: the relative `grid`.
     widen : with `rates`, how many times a rate chosen at an edge of the values tried is answered with the next
         value beyond it.
@@ -169,17 +198,25 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
 
     if base.lr is not None:
         raise ValueError(f"lr: a tuned benchmark leaves the rate to the tuning; got {base.lr!r}")
-    every = rounds if rates is None else max(1, rounds // EVALUATIONS)
-    configs = {label: base.replace(**changes, num_rounds=rounds, eval_every=every, seed=seed, validation=validation)
-               for label, changes in methods.items()}
+    seeds = tuple(seeds)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: give one or more distinct tuning seeds; got {list(seeds)}")
+    every = eval_every or (rounds if rates is None else max(1, rounds // EVALUATIONS))
+    configs = {label: base.replace(**changes, num_rounds=rounds, eval_every=every, seed=seeds[0],
+                                   validation=validation) for label, changes in methods.items()}
     todo = [(label, c) for label, config in configs.items() for c in candidates(config, grid, rates)]
     rows: list[dict[str, Any]] = []
     for _ in range(1 + (widen if rates is not None else 0)):
-        histories = sweep([_with_rates(configs[label], c) for label, c in todo], **sweep_kwargs)
-        for (label, c), history in zip(todo, histories):
-            value = history.final[metric] if rates is None else score(history, metric)
+        histories = iter(sweep([_with_rates(configs[label], c).replace(seed=s) for label, c in todo for s in seeds],
+                               **sweep_kwargs))
+        for label, c in todo:
+            runs = [next(histories) for _ in seeds]
+            values = np.array([(h.final[metric] if rates is None else score(h, metric)) for h in runs], dtype=float)
             rows.append({"method": label, **c, "factor": c["lr"] / _default(configs[label].replace(lr=None), "lr"),
-                         "validation": math.nan if value is None else value, "seconds": history.meta["seconds"]})
+                         "validation": float(values.mean()),
+                         "validation_se": float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1
+                         else math.nan,
+                         "seconds": sum(h.meta["seconds"] for h in runs)})
         frame = pd.DataFrame(rows)
         chosen = _choose(frame)
         if rates is None:
@@ -193,12 +230,14 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         if not todo:
             break
     frame["chosen"] = [all(r[k] == chosen[r["method"]][k] for k in chosen[r["method"]]) for _, r in frame.iterrows()]
-    return Tuning(frame, chosen, rounds, seed, validation, absolute=rates is not None)
+    return Tuning(frame, chosen, rounds, seeds, validation, absolute=rates is not None)
 
 
 def _choose(frame: "pd.DataFrame") -> dict[str, dict[str, float]]:
-    """Per method: the best validation score; ties go to the rate nearest the paper's (|log factor| smallest),
-    then the smaller rate."""
+    """Per method, the one-standard-error rule: of the candidates whose mean validation score lies within one
+    standard error of the best mean, the smallest learning rate, then the smallest second rate. With one seed
+    (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
+    the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not."""
     import pandas as pd
 
     chosen = {}
@@ -207,6 +246,9 @@ def _choose(frame: "pd.DataFrame") -> dict[str, dict[str, float]]:
         order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))))
         order = order.sort_values(["validation", "distance", "lr"], ascending=[False, True, True], na_position="last")
         best = order.iloc[0]
+        if not pd.isna(best["validation_se"]):
+            near = order[order["validation"] >= best["validation"] - best["validation_se"]]
+            best = near.sort_values([n for n in names if n in near]).iloc[0]
         chosen[label] = {name: float(best[name]) for name in names if name in group and not pd.isna(best[name])}
     return chosen
 

@@ -10,13 +10,18 @@ training data, FRAug's authors' code, for runs with ``RunConfig.validation_monit
 
 **The convergence test** (:func:`plateaued`, in :mod:`fedlab_core.convergence`), per seed: a line fitted
 by least squares to the last third of the evaluated rounds rises or falls by at most :data:`PLATEAU_RISE`
-over that span. A verdict on runs of which any fails it is *inconclusive (not converged)*. The engine can
-stop a run as soon as it passes (``RunConfig.stop_at_plateau``), with ``num_rounds`` as the cap.
+over that span. It reads the clients' accuracy on the validation share a run holds out of their training data
+(``RunConfig.validation_monitor``), when the run has one, so the test set decides nothing but the score. A
+verdict on runs of which any fails it is *inconclusive (not converged)*. The engine can stop a run as soon as
+it passes (``RunConfig.stop_at_plateau``), with ``num_rounds`` as the cap.
 
 **Degenerate runs** (:func:`degenerate`): a run that converged can still have learned nothing (near
 chance, a constant answer per client, predictions blind to the input, a collapse from its peak). A verdict
 resting on one is *inconclusive (degenerate: which run, why)*; so is one whose two arms were computed by
-different code versions (*inconclusive (arms from different code)*).
+different code versions (*inconclusive (arms from different code)*), one resting on a run that stopped when
+its *test* curve flattened (*stopped on the test curve*: the stop read the numbers it is judged on), and one
+whose two arms trained for different numbers of rounds on a seed (*unequal budgets*; a run a chapter
+truncated on purpose, :func:`truncated`, states its budget and a run that diverged has none).
 
 **An ordering claim** ("A beats B") is judged on the paired per-seed differences ``d = A - B`` of the
 scores (the same seeds: the same splits and initialisations), by the 95% Student-t interval of mean d:
@@ -60,7 +65,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .convergence import MIN_EVALUATIONS, PLATEAU_RISE, converged, plateau_rise, plateaued  # noqa: F401
+from .convergence import MIN_EVALUATIONS, PLATEAU_RISE, VALIDATION, converged, last_fifth, metric_curve, plateau_rise, plateaued  # noqa: F401
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,6 +118,7 @@ NUMBER_VERDICTS = (REACHED, NOT_REACHED, INCONCLUSIVE, NOT_COMPARABLE)
 NOT_CONVERGED, DIVERGED = "not converged", "a run diverged"
 DEGENERATE, MULTIPLICITY, CONSISTENT = "degenerate", "multiplicity", "consistent, undecided"
 DIFFERENT_CODE = "arms from different code"
+TEST_STOPPED, UNEQUAL_BUDGETS = "stopped on the test curve", "unequal budgets"
 # the reasons a count groups by their first words (the rest of the reason says which run, which p)
 GROUPED = (NOT_CONVERGED, DEGENERATE, MULTIPLICITY, DIFFERENT_CODE)
 # every label a verdict can print, in the order tables and charts list them
@@ -348,10 +354,38 @@ def _runs_reason(runs, metric: str) -> str:
             why = degenerate(h, metric)
             if why:
                 return (f"{DEGENERATE}: {h.config.get('algorithm')} seed {h.config.get('seed')} {why}")
+    for side in runs:
+        for h in side:
+            if stopped_on_test(h):
+                return f"{TEST_STOPPED}: {h.config.get('algorithm')} seed {h.config.get('seed')} stopped at round " \
+                       f"{h.rounds[-1]['round']}: waits for the recompute"
     versions = [{h.meta.get("code_version") for h in side} for side in runs]
     if len(versions) == 2 and versions[0] != versions[1]:
         return f"{DIFFERENT_CODE} versions: waits for the recompute"
+    if len(runs) == 2:
+        budgets = [{h.config.get("seed"): budget(h) for h in side} for side in runs]
+        for seed in sorted(set(budgets[0]) & set(budgets[1])):
+            a, b = budgets[0][seed], budgets[1][seed]
+            if a is not None and b is not None and a != b:
+                return f"{UNEQUAL_BUDGETS}: seed {seed} trained {a} rounds on one side, {b} on the other"
     return ""
+
+
+def stopped_on_test(h: "History") -> bool:
+    """Whether a run stopped before its cap because its curve *on the test set* flattened: the engine's stop read
+    the clients' (or the global) test accuracy of a run scored on that test set (not one scored on held-out
+    training data, ``validation`` > 0)."""
+    c = h.config
+    return bool(h.meta.get("stopped_at_plateau") and c.get("plateau_metric", "mean_client_accuracy") != VALIDATION
+                and not c.get("validation"))
+
+
+def budget(h: "History") -> int | None:
+    """The rounds a run trained, as a comparison's budget; None for a run a chapter truncated on purpose (the
+    chapter states the budget, e.g. equal local steps) or one that diverged (its failure is its outcome)."""
+    if "truncated_at" in h.meta or h.meta.get("diverged"):
+        return None
+    return int(h.rounds[-1]["round"]) if h.rounds else None
 
 
 def _order_p(mean: float, se: float, n: int, sign: float, margin: float | None) -> tuple[float, float, float]:
@@ -598,8 +632,8 @@ def degenerate(h: "History", metric: str = "mean_client_accuracy") -> str:
 # ------------------------------------------------------------------------------ scores (the convergence test: .convergence)
 
 def curve(h: "History", metric: str = "mean_client_accuracy") -> dict[int, float]:
-    """A run's evaluated rounds: ``{round: metric}``."""
-    return {int(r["round"]): float(r[metric]) for r in h.rounds if r.get(metric) is not None}
+    """A run's evaluated rounds: ``{round: metric}`` (`metric` may be :data:`VALIDATION`)."""
+    return {r: float(v) for r, v in metric_curve(h.rounds, metric).items() if v is not None}
 
 
 def _diverged(h: "History", metric: str) -> bool:
@@ -652,8 +686,7 @@ def score(h: "History", metric: str = "mean_client_accuracy", protocol: str = LA
         return math.nan
     if protocol == BEST_ROUND:
         return float(max(values))
-    k = max(1, math.ceil(len(values) / 5))
-    return float(np.mean(values[-k:]))
+    return last_fifth(values)
 
 
 def seed_values(runs: Sequence["History"], metric: str = "mean_client_accuracy",
@@ -679,9 +712,18 @@ def truncated(h: "History", last_round: int) -> "History":
     return dataclasses.replace(h, rounds=rows, final=final, meta={**h.meta, "truncated_at": last_round})
 
 
+def convergence_curve(h: "History", metric: str = "mean_client_accuracy") -> dict[int, float]:
+    """The curve the plateau test reads for a run judged on `metric`: the clients' validation accuracy
+    (:data:`VALIDATION`) when the run monitors a validation share and is judged on the clients' accuracy, so
+    the test set never decides convergence; else `metric`'s own curve."""
+    if metric == "mean_client_accuracy" and any(r.get("client_validation_accuracy") for r in h.rounds):
+        return curve(h, VALIDATION)
+    return curve(h, metric)
+
+
 def runs_converged(runs: Sequence["History"], metric: str = "mean_client_accuracy") -> bool:
-    """Whether every run's curve of `metric` passes the plateau test (:func:`plateaued`)."""
-    return bool(runs) and all(plateaued(curve(h, metric)) for h in runs)
+    """Whether every run's curve (:func:`convergence_curve`) passes the plateau test (:func:`plateaued`)."""
+    return bool(runs) and all(plateaued(convergence_curve(h, metric)) for h in runs)
 
 
 def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metric: str = "mean_client_accuracy",
@@ -714,7 +756,7 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
     steps, rows = [], []
     for i, name in enumerate(order_):
         mean, _, low, high = _interval(list(values[name].values()), LEVEL)
-        n_conv = sum(plateaued(curve(h, metric)) for h in groups[name])
+        n_conv = sum(plateaued(convergence_curve(h, metric)) for h in groups[name])
         step = None
         if i + 1 < len(order_):
             below = order_[i + 1]

@@ -103,4 +103,4 @@ def test_the_convergence_test_sits_below_the_engine_and_the_verdicts():
 
     assert relative_imports("convergence") == set()
     assert "convergence" in relative_imports("engine") and "verdicts" not in relative_imports("engine")
-    assert engine.plateaued is convergence.plateaued is verdicts.plateaued
+    assert engine.stop_round is convergence.stop_round and convergence.plateaued is verdicts.plateaued

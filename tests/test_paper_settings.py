@@ -10,7 +10,7 @@ from fedlab_core.data import federate, hold_out, load_dataset
 from fedlab_core.models import MODELS, build_model, meta_model
 from fedlab_core.runs import build
 from fedlab_core.store import History
-from fedlab_core.tuning import (RATES, SECOND_RATE_GRIDS, SECOND_RATES, Tuning, beyond, candidates, settings_table,
+from fedlab_core.tuning import (RATES, SECOND_RATE_GRIDS, SECOND_RATES, SEEDS, Tuning, beyond, candidates, settings_table,
                                   tune, tuned_configs)
 
 CPU = torch.device("cpu")
@@ -185,6 +185,31 @@ def _scored_by(monkeypatch, score_of):
     monkeypatch.setattr(tuning_module, "sweep", fake)
 
 
+def test_the_one_standard_error_rule_picks_the_smallest_rate_within_reach_of_the_best_on_the_tuning_seeds(monkeypatch, tiny):
+    # lr 0.1 has the best mean but swings with the seed (one seed near a collapse); 0.03 is within one standard
+    # error of it and steady: the rule takes 0.03. 0.01 is steady but clearly worse.
+    means = {0.01: 0.60, 0.03: 0.70, 0.1: 0.72, 0.3: 0.10}
+    swing = {0.01: 0.005, 0.03: 0.005, 0.1: 0.08, 0.3: 0.0}
+    seen = []
+
+    def score_of(c):
+        seen.append(c.seed)
+        return means[c.lr] + swing[c.lr] * (c.seed - 101)
+    _scored_by(monkeypatch, score_of)
+    t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1, 0.3), seeds=SEEDS, widen=0)
+    assert set(seen) == set(SEEDS) and not set(seen) & {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}   # no evaluation seed
+    row = t.grid.set_index("lr").loc[0.1]
+    assert row["validation"] == pytest.approx(0.72) and row["validation_se"] == pytest.approx(0.08 / 3 ** 0.5)
+    assert t.chosen["fedavg"]["lr"] == 0.03
+    curves = t.curves()                                   # the tuning chapter's score-against-rate curve
+    assert list(curves["lr"]) == [0.01, 0.03, 0.1, 0.3] and list(curves["chosen"]) == [False, True, False, False]
+    # one seed: no standard error, the best score wins, as before
+    t1 = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1, 0.3), seeds=(101,), widen=0)
+    assert t1.chosen["fedavg"]["lr"] == 0.1 and t1.grid["validation_se"].isna().all()
+    with pytest.raises(ValueError, match="^seeds: "):
+        tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, seeds=(100, 100))
+
+
 def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(monkeypatch, tiny):
     import math
 
@@ -229,7 +254,7 @@ def test_ties_go_to_the_rate_nearest_the_papers(monkeypatch, tiny):
 def test_precedence_chapter_then_tuned_then_paper():
     import pandas as pd
 
-    tuning = Tuning(pd.DataFrame(), {"fedavg": {"lr": 0.15}, "distrans": {"lr": 0.05, "offset_lr": 0.01}}, 5, 0, 0.2)
+    tuning = Tuning(pd.DataFrame(), {"fedavg": {"lr": 0.15}, "distrans": {"lr": 0.05, "offset_lr": 0.01}}, 5, (0,), 0.2)
     configs = {"fedavg": RunConfig(), "distrans": RunConfig(algorithm="distrans"),
                "chapter": RunConfig(lr=0.3, local_epochs=1), "moon": RunConfig(algorithm="moon")}
     out, tuned = tuned_configs(configs, tuning, method_of=lambda k: "fedavg" if k == "chapter" else k)

@@ -294,6 +294,25 @@ def test_a_run_can_stop_on_the_global_models_curve_instead(tiny):
         tiny.replace(plateau_metric="loss")
 
 
+def test_a_run_stops_on_its_validation_curve_after_the_test_passes_patience_times_in_a_row(tiny):
+    from fedlab_core.convergence import VALIDATION, metric_curve, plateaued, stop_round
+
+    config = tiny.replace(num_rounds=80, stop_at_plateau=True, validation_monitor=0.2, plateau_metric=VALIDATION)
+    once = run(config, use_cache=False, progress=False, workers=1)
+    patient = run(config.replace(patience=3), use_cache=False, progress=False, workers=1)
+    val = {r: v for r, v in metric_curve(patient.rounds, VALIDATION).items() if v is not None}
+    first, stop = once.meta["stopped_at_plateau"], patient.meta["stopped_at_plateau"]
+    assert first is not None and stop is not None and stop > first
+    # it stopped on the validation shares, not the test curve: the three last prefixes pass, the one before does not
+    assert all(plateaued({k: v for k, v in val.items() if k <= r}) for r in (stop - 2, stop - 1, stop))
+    assert stop_round(val, 3) == stop and stop_round({k: v for k, v in val.items() if k < stop}, 3) is None
+    assert [r["client_accuracy"] for r in patient.rounds[:first]] == [r["client_accuracy"] for r in once.rounds]
+    with pytest.raises(ValueError, match="^plateau_metric: 'validation_accuracy' reads the monitored validation"):
+        tiny.replace(plateau_metric=VALIDATION)
+    with pytest.raises(ValueError, match="^patience: "):
+        tiny.replace(patience=0)
+
+
 def test_cli_stop_at_plateau_is_a_flag(tmp_path):
     out = _cli("run", "--dataset", "digits", "--num-clients", "3", "--rounds", "3", "--lr", "0.1",
                "--stop-at-plateau", "--json", env={"FEDLAB_CACHE_DIR": str(tmp_path)})

@@ -1,5 +1,6 @@
 """The verdict rule: hand-computed cases of every branch, its error rates by simulation, the convergence test on
 synthetic curves, and the score taken at convergence."""
+import dataclasses
 import math
 
 import numpy as np
@@ -309,7 +310,7 @@ def test_runs_are_paired_by_seed_scored_at_convergence_and_must_all_converge():
     assert v.verdict == "held" and v.converged and v.score == LAST_FIFTH and v.paper == "+0.05"
     assert list(seed_values(flat)) == [4, 2, 0, 1, 3]
     assert v.values == pytest.approx(tuple(seed_values(flat)[s] - seed_values(base)[s] for s in range(5)))
-    short = [_history(s, _saturating(10, top=0.95)) for s in range(5)]
+    short = [_history(s, _saturating(40, rate=0.02, top=0.95)) for s in range(5)]   # still rising at round 40
     assert not runs_converged(short)
     assert beats(short, base).label == "inconclusive (not converged)"
     assert beats(flat, base, protocol=BEST_ROUND).score == BEST_ROUND
@@ -430,7 +431,7 @@ def test_a_ranking_orders_by_score_and_judges_every_step_by_the_rule():
     seeds = range(5)
     groups = {"low": [_flat(s, 0.60) for s in seeds], "high": [_flat(s, 0.80) for s in seeds],
               "near high": [_history(s, [0.795 + 0.002 * (3 * s % 5)] * 12) for s in seeds],
-              "rising": [_history(s, [0.1 * r for r in range(1, 8)]) for s in seeds]}   # never plateaus
+              "rising": [_history(s, [0.40 + 0.025 * r for r in range(12)]) for s in seeds]}   # never plateaus
     table, steps = verdicts.ranking(groups, "split")
     assert list(table["method"]) == ["high", "near high", "rising", "low"]     # rising scores 0.65: third
     assert list(table["rank"]) == [1, 2, 3, 4]
@@ -528,6 +529,33 @@ def test_arms_computed_by_different_code_wait_for_the_recompute():
     a = [_clients_run(s, [[0.80 + 0.01 * s, 0.81, 0.82]] * 12) for s in range(5)]
     b = [_clients_run(s, [[0.70 + 0.01 * s, 0.71, 0.72]] * 12, meta={"code_version": "v2"}) for s in range(5)]
     assert beats(a, b).label == "inconclusive (arms from different code versions: waits for the recompute)"
+
+
+def test_a_run_stopped_on_its_test_curve_or_arms_of_unequal_budgets_decide_nothing():
+    a = [_clients_run(s, [[0.80 + 0.01 * s, 0.81, 0.82]] * 12) for s in range(5)]
+    b = [_clients_run(s, [[0.70 + 0.01 * s, 0.71, 0.72]] * 12) for s in range(5)]
+    assert beats(a, b).verdict == "held"
+    test_stopped = [dataclasses.replace(h, meta={**h.meta, "stopped_at_plateau": 12}) for h in b]
+    assert beats(a, test_stopped).label == ("inconclusive (stopped on the test curve: fedavg seed 0 stopped at "
+                                            "round 12: waits for the recompute)")
+    # the same stop read off held-out validation shares is fine, and so is a run scored on held-out data
+    on_val = [dataclasses.replace(h, config={**h.config, "plateau_metric": "validation_accuracy"}) for h in test_stopped]
+    assert beats(a, on_val).verdict == "held"
+    longer = [_clients_run(s, [[0.70 + 0.01 * s, 0.71, 0.72]] * (12 + 3 * (s == 2))) for s in range(5)]
+    assert beats(a, longer).label == "inconclusive (unequal budgets: seed 2 trained 12 rounds on one side, 15 on the other)"
+    # a chapter's deliberate truncation (equal local steps) states its own budget
+    assert beats(a, [verdicts.truncated(h, 12) if s == 2 else h for s, h in enumerate(longer)]).verdict == "held"
+
+
+def test_convergence_reads_the_validation_shares_when_a_run_has_them():
+    flat_test = [[0.8, 0.8, 0.8]] * 12
+    rising_val = [list(np.full(3, 0.5 + 0.02 * r)) for r in range(12)]
+    h = _clients_run(0, flat_test)
+    assert verdicts.runs_converged([h])
+    for row, val in zip(h.rounds, rising_val):
+        row["client_validation_accuracy"] = val
+    assert not verdicts.runs_converged([h])          # its test curve is flat, its validation curve still rises
+    assert verdicts.convergence_curve(h)[12] == pytest.approx(0.72)
 
 
 class _Shortcut(torch.nn.Module):
