@@ -29,7 +29,10 @@ import yaml
 from .store import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE_NAMES = ("smoke", "book", "paper")
+PROFILE_NAMES = ("smoke", "book", "paper", "evidence")
+# "evidence": the design the archive is being recomputed under (tuning seeds of its own, one budget for both arms
+# of a comparison, convergence read on validation), computed chapter by chapter with --compute STEM --profile
+# evidence into the archive; a chapter's evidence values become its book values once its runs are all archived.
 
 
 def load_profiles(path: Path = ROOT / "book" / "profiles.yml") -> dict[str, dict[str, dict[str, Any]]]:
@@ -346,8 +349,9 @@ def stage(destination: Path) -> Path:
     return destination / "book"
 
 
-def compute(stem: str, hours: float | None = None, backend: str | None = None) -> int:
-    """Compute one chapter's runs into the archive: execute it with the book profile, every run it computes
+def compute(stem: str, hours: float | None = None, backend: str | None = None, profile: str = "book") -> int:
+    """Compute one chapter's runs into the archive: execute it with `profile` (the book's, or the evidence being
+    recomputed), every run it computes
     stored as it finishes; with `hours`, no run starts after that time (the runs in flight finish and are
     stored) and the command stops cleanly, so the next call continues where it stopped. `backend` "ray" sends
     the runs to the Ray cluster at $RAY_ADDRESS. Returns 0 once the chapter ran to its end, 3 when the time
@@ -364,7 +368,7 @@ def compute(stem: str, hours: float | None = None, backend: str | None = None) -
     archive, started = Archive(), time.perf_counter()
     before = sum(1 for _ in archive.entries())
     try:
-        execute("book", ROOT / "notebooks", ROOT / "book" / "chapters", ROOT / "book" / "_toc.yml", force=[stem],
+        execute(profile, ROOT / "notebooks", ROOT / "book" / "chapters", ROOT / "book" / "_toc.yml", force=[stem],
                 only=[stem])
         finished = True
     except PapermillExecutionError as err:
@@ -408,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run the first rounds of one archived run per method, data, model and split and "
                              "compare them bit for bit with the stored numbers (builds nothing)")
     parser.add_argument("--all", action="store_true", help="with --verify: every archived run, in full (resumable)")
-    parser.add_argument("--compute", metavar="STEM", help="compute this chapter's runs into the archive (builds nothing)")
+    parser.add_argument("--compute", metavar="STEM", help="compute this chapter's runs into the archive with --profile "
+                                                          "(book or evidence; builds nothing)")
     parser.add_argument("--hours", type=float, help="with --compute: start no run after this many hours")
     parser.add_argument("--backend", choices=("local", "ray"), help="with --compute: where the runs go (ray: $RAY_ADDRESS)")
     parser.add_argument("--force", action="store_true", help="re-execute every notebook")
@@ -425,9 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.hours is not None and not args.hours > 0:
         parser.error(f"--hours: must be a number > 0; got {args.hours:g}")
     if args.compute:
+        if args.profile not in ("book", "evidence"):
+            parser.error(f"--profile: --compute stores runs of the book or evidence profile; got {args.profile!r}")
         if args.compute not in stems:
             parser.error(f"--compute: unknown chapter {args.compute!r}; allowed: {', '.join(stems)}")
-        return compute(args.compute, args.hours, args.backend)
+        return compute(args.compute, args.hours, args.backend, args.profile)
     unknown = sorted(set(args.chapters) - set(stems))
     if unknown:
         parser.error(f"--chapters: unknown {', '.join(unknown)}; allowed: {', '.join(stems)}")

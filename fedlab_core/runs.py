@@ -454,7 +454,9 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "stopped_at_plateau": rows[-1]["round"] if diverged is None and rows and sim.plateaued(state) else None,
               "data_checksum": fed.data_checksum, "split_hash": fed.split_hash(), "threads": torch.get_num_threads(),
               "versions": library_versions(), "cpu": cpu_model(),
-              "kernels": signature() if device.type == "cpu" else None},
+              "kernels": signature() if device.type == "cpu" else None,
+              # the final models' input check, read by the verdicts' degeneracy guard (a model blind to its images)
+              "unchanged_under_noise": input_dependence(sim, state) if diverged is None and rows else None},
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
     if use_cache:

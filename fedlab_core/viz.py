@@ -171,6 +171,34 @@ def accuracy_curves(frames: Mapping[str, "pandas.DataFrame"], metric: str = "glo
     return fig
 
 
+def tuning_curves(curves: "pandas.DataFrame", ncols: int = 4, title: str | None = None):
+    """Small multiples of a tuning (:meth:`fedlab_core.tuning.Tuning.curves`): per method, the validation score
+    against the learning rate (log scale) with one standard error over the tuning seeds as error bars, the chosen
+    rate ringed, so a reader sees how sharp each choice is. One panel per method, `ncols` to a row."""
+    methods = list(dict.fromkeys(curves["method"]))
+    if not methods:
+        raise ValueError("curves: no methods to draw")
+    nrows = -(-len(methods) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.2 * ncols, 1.9 * nrows), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax, method in zip(axes.flat, methods):
+        c = curves[curves["method"] == method]
+        ax.errorbar(c["lr"], c["validation"], yerr=c["validation_se"].fillna(0), marker="o", markersize=3,
+                    capsize=2, linewidth=1)
+        best = c[c["chosen"]]
+        ax.plot(best["lr"], best["validation"], "o", markersize=9, markerfacecolor="none", color="black")
+        ax.set_xscale("log")
+        ax.set_title(method, fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
+    fig.supxlabel("learning rate (ringed: chosen)", fontsize=9)
+    fig.supylabel("validation client accuracy", fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
 def bytes_per_round(frames: Mapping[str, "pandas.DataFrame"], ax=None):
     """Communication per round: ``bytes_up + bytes_down`` in MB (1e6 bytes), one line per label.
 

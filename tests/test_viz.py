@@ -179,3 +179,18 @@ def test_image_with_histogram_marks_each_versions_brightness():
     assert heights[0] == [0.5, 0.0, 0.0, 0.5] and heights[1] == [0.0, 1.0, 0.0, 0.0]
     assert bottom[1].lines[0].get_xdata()[0] == 0.25  # the mean marked
     plt.close(fig)
+
+
+def test_tuning_curves_draw_one_panel_per_method_with_error_bars_and_the_choice_ringed():
+    import pandas as pd
+
+    curves = pd.DataFrame({"method": ["a"] * 3 + ["b"] * 3, "lr": [0.01, 0.1, 1.0] * 2,
+                           "validation": [0.5, 0.7, 0.6, 0.4, 0.45, 0.2], "validation_se": [0.01, 0.05, 0.02] + [float("nan")] * 3,
+                           "chosen": [False, True, False, False, True, False]})
+    fig = viz.tuning_curves(curves, ncols=4)
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in shown] == ["a", "b"] and shown[0].get_xscale() == "log"
+    ring = shown[0].lines[-1]
+    assert list(ring.get_xdata()) == [0.1] and list(ring.get_ydata()) == [0.7]
+    with pytest.raises(ValueError, match="^curves: "):
+        viz.tuning_curves(curves.iloc[:0])
