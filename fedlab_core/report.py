@@ -417,3 +417,33 @@ def lock() -> str:
     names = {d.metadata["Name"]: d.version for d in metadata.distributions()
              if d.metadata["Name"] and re.sub(r"[-_.]+", "-", d.metadata["Name"].lower()) != "fedlab-core"}
     return "".join(f"{n}=={v}\n" for n, v in sorted(names.items(), key=lambda kv: kv[0].lower()))
+
+
+def stopping_replay(histories: Iterable["History"], patiences: Iterable[int] = (1, 2, 3, 4, 5, 6),
+                    min_evaluations: int = 18) -> "pd.DataFrame":
+    """The stop (:func:`fedlab_core.convergence.stop_round`) replayed on finished long runs, per patience.
+
+    The runs: those that went to their last round (not stopped, not diverged) with at least `min_evaluations`
+    evaluated rounds. The stop reads each run's validation curve where it monitored one, else its clients' test
+    accuracy; the score (the mean of the last fifth of evaluations) reads the clients' test accuracy. Columns:
+    the runs, how many the stop ends early, and among those the median of |score at the end - score at the
+    stop| and the share above two points, in points."""
+    import numpy as np
+    import pandas as pd
+
+    from .convergence import replay
+    from .verdicts import convergence_curve, curve
+
+    long = [h for h in histories if not h.meta.get("stopped_at_plateau") and not h.meta.get("diverged")
+            and len(curve(h)) >= min_evaluations]
+    rows = []
+    for patience in patiences:
+        gaps = []
+        for h in long:
+            at, gap = replay(convergence_curve(h), patience, score=curve(h))
+            if at is not None:
+                gaps.append(abs(100 * gap))
+        rows.append({"patience": patience, "runs": len(long), "stopped early": len(gaps),
+                     "median |end - stop| (points)": float(np.median(gaps)) if gaps else math.nan,
+                     "share over 2 points": float(np.mean(np.array(gaps) > 2)) if gaps else math.nan})
+    return pd.DataFrame(rows).set_index("patience")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -19,6 +19,8 @@ from .store import History
 
 if TYPE_CHECKING:  # pandas loads when a table is first asked for
     import pandas as pd
+
+    from .verdicts import Verdict
 
 
 def grid(base: RunConfig, axes: Mapping[str, Mapping[str, Mapping[str, Any]]], seeds: Iterable[int]
@@ -108,6 +110,21 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History], more_seeds: Iterable[int] = range(5, 10),
+                **sweep_kwargs) -> "Verdict":
+    """The rule's second look at a claim (:mod:`fedlab_core.verdicts`): ``judge(*sides, looks=2)`` on the runs
+    given (five seeds); when only its interval left it undecided (:attr:`Verdict.straddles`), the same configs
+    at `more_seeds` are run (or read from the archive) and the claim is judged again on every seed, still with
+    two looks, so the two looks together keep the rule's error rate. `judge` is e.g.
+    ``functools.partial(verdicts.beats, claim="...")``; `sweep_kwargs` go to :func:`sweep`."""
+    first = judge(*sides, looks=2)
+    if not first.straddles:
+        return first
+    extra = [[RunConfig(**runs[0].config).replace(seed=s) for s in more_seeds] for runs in sides]
+    added = iter(sweep([c for configs in extra for c in configs], **sweep_kwargs))
+    return judge(*([*runs, *(next(added) for _ in configs)] for runs, configs in zip(sides, extra)), looks=2)
 
 
 def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:

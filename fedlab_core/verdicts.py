@@ -283,6 +283,14 @@ class Verdict:
         return self.label
 
     @property
+    def straddles(self) -> bool:
+        """Whether only the interval left the claim undecided: tested on converged, usable runs, with fewer than
+        :data:`SEED_CAP` seeds, and neither decided nor held back for another reason (the claims a second look,
+        :func:`fedlab_core.sweeps.second_look`, gives more seeds)."""
+        return (self.verdict == INCONCLUSIVE and self.reason in ("", CONSISTENT) and self.converged
+                and self.tested and self.seeds < SEED_CAP)
+
+    @property
     def decided(self) -> bool:
         """Whether the rule decided the claim (held, not held, reached or not reached)."""
         return self.verdict not in (INCONCLUSIVE, NOT_COMPARABLE)

@@ -187,3 +187,25 @@ def test_first_screen_counts_per_paper_what_was_decided_and_why_the_rest_was_not
     assert '(<a href="chapters/distrans.html">distrans</a>)' in distrans
     assert '<li>2 more in <a href="chapters/report.html">the report</a></li>' in distrans
     assert "beats itself" not in page and page.count("<strong>") == len(report.PAPERS)
+
+
+def test_the_stopping_replay_measures_how_far_a_stop_lies_from_the_end_per_patience():
+    from fedlab_core import RunConfig
+    from fedlab_core.store import History
+
+    def run(values, **meta):
+        rounds = [{"round": 5 * (i + 1), "mean_client_accuracy": v} for i, v in enumerate(values)]
+        return History(RunConfig().to_dict(), rounds, {"mean_client_accuracy": values[-1]}, meta)
+
+    # flat for ten evaluations, then a second climb of ten points: a first flat stretch stops it too early
+    late = run([0.5] * 10 + [0.5 + 0.01 * i for i in range(1, 11)] + [0.6] * 10)
+    flat = run([0.7] * 30)
+    stopped = run([0.7] * 30, stopped_at_plateau=150)             # already stopped: not a long run
+    short = run([0.7] * 10)
+    table = report.stopping_replay([late, flat, stopped, short], patiences=(1, 12))
+    assert list(table["runs"]) == [2, 2] and list(table["stopped early"]) == [2, 1]
+    # patience 1 stops `late` at its sixth evaluation (0.5) against 0.6 at the end: 10 points; `flat`: 0
+    assert table.loc[1, "median |end - stop| (points)"] == pytest.approx(5.0)
+    assert table.loc[1, "share over 2 points"] == pytest.approx(0.5)
+    # twelve passes in a row never happen in `late`'s first flat stretch: it is not stopped at all
+    assert table.loc[12, "share over 2 points"] == 0.0 and table.loc[12, "median |end - stop| (points)"] == pytest.approx(0.0)

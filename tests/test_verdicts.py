@@ -632,3 +632,31 @@ def test_beats_every_judges_each_rival_and_shows_the_closest():
     assert v.mean == pytest.approx(order(seed_values(a), seed_values(near)).mean)
     assert v.verdict != "held"                                         # "near" is not beaten
     assert verdicts.beats_every(a, {"far": far}, "Table 1: A beats every other").verdict == "held"
+
+
+def test_the_second_look_adds_seeds_five_to_nine_only_to_a_claim_whose_interval_straddles(monkeypatch):
+    import functools
+
+    from fedlab_core import sweeps
+
+    def runs_for(configs, gap):
+        # a converged run per config; side "a" (gap > 0) leads by `gap` with a seed-dependent swing of +-2 points
+        return [_clients_run(c.seed, [[x, x + 0.05, x + 0.1] for x in [0.7 + gap + (0.02 * (-1) ** c.seed if gap else 0)]]
+                             * 12, algorithm=c.algorithm) for c in configs]
+
+    asked = []
+
+    def fake_sweep(configs, **kwargs):
+        asked.append(sorted({c.seed for c in configs}))
+        return [h for c in configs for h in runs_for([c], 0.025 if c.algorithm == "fedprox" else 0.0)]
+    monkeypatch.setattr(sweeps, "sweep", fake_sweep)
+    judge = functools.partial(beats, claim="FedProx beats FedAvg")
+    a = runs_for([RunConfig(algorithm="fedprox", seed=s) for s in range(5)], 0.025)
+    b = runs_for([RunConfig(seed=s) for s in range(5)], 0.0)
+    first = judge(a, b, looks=2)
+    assert first.straddles and first.seeds == 5              # a small lead that swings by 2 points: undecided
+    second = sweeps.second_look(judge, a, b)
+    assert asked == [[5, 6, 7, 8, 9]] and second.seeds == 10 and second.decided
+    clear = runs_for([RunConfig(algorithm="fedprox", seed=s) for s in range(5)], 0.2)
+    asked.clear()
+    assert sweeps.second_look(judge, clear, b).verdict == "held" and asked == []   # decided at five: no more seeds
