@@ -18,7 +18,8 @@ it passes (``RunConfig.stop_at_plateau``), with ``num_rounds`` as the cap.
 **Degenerate runs** (:func:`degenerate`): a run that converged can still have learned nothing (near
 chance, a constant answer per client, predictions blind to the input, a collapse from its peak). A verdict
 resting on one is *inconclusive (degenerate: which run, why)*; so is one whose two arms were computed by
-different code versions (*inconclusive (arms from different code)*), one resting on a run that stopped when
+different code (*inconclusive (arms from different code)*: other pinned kernels, or, for runs computed before the
+kernels were recorded, another code version), one resting on a run that stopped when
 its *test* curve flattened (*stopped on the test curve*: the stop read the numbers it is judged on), and one
 whose two arms trained for different numbers of rounds on a seed (*unequal budgets*; a run a chapter
 truncated on purpose, :func:`truncated`, states its budget and a run that diverged has none).
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -367,7 +369,7 @@ def _runs_reason(runs, metric: str) -> str:
             if stopped_on_test(h):
                 return f"{TEST_STOPPED}: {h.config.get('algorithm')} seed {h.config.get('seed')} stopped at round " \
                        f"{h.rounds[-1]['round']}: waits for the recompute"
-    versions = [{h.meta.get("code_version") for h in side} for side in runs]
+    versions = [{_code(h) for h in side} for side in runs]
     if len(versions) == 2 and versions[0] != versions[1]:
         return f"{DIFFERENT_CODE} versions: waits for the recompute"
     if len(runs) == 2:
@@ -377,6 +379,14 @@ def _runs_reason(runs, metric: str) -> str:
             if a is not None and b is not None and a != b:
                 return f"{UNEQUAL_BUDGETS}: seed {seed} trained {a} rounds on one side, {b} on the other"
     return ""
+
+
+def _code(h: "History") -> str:
+    """What must match between the arms of a comparison: the pinned kernels a run was computed with (verification
+    re-runs such runs under today's code, and a code change that moves their numbers makes them stale), or, for a
+    run computed before the kernels were recorded, its code version."""
+    kernels = h.meta.get("kernels")
+    return json.dumps(kernels, sort_keys=True) if kernels else f"code {h.meta.get('code_version')}"
 
 
 def stopped_on_test(h: "History") -> bool:

@@ -529,6 +529,14 @@ def test_arms_computed_by_different_code_wait_for_the_recompute():
     a = [_clients_run(s, [[0.80 + 0.01 * s, 0.81, 0.82]] * 12) for s in range(5)]
     b = [_clients_run(s, [[0.70 + 0.01 * s, 0.71, 0.72]] * 12, meta={"code_version": "v2"}) for s in range(5)]
     assert beats(a, b).label == "inconclusive (arms from different code versions: waits for the recompute)"
+    # runs with the pinned kernels recorded compare across code versions (verification re-runs them under
+    # today's code); other kernels do not
+    pinned = {"kernels": {"canary": "abc", "threads": 1}}
+    a2 = [dataclasses.replace(h, meta={**h.meta, **pinned}) for h in a]
+    b2 = [dataclasses.replace(h, meta={**h.meta, **pinned}) for h in b]
+    assert beats(a2, b2).verdict == "held"
+    b3 = [dataclasses.replace(h, meta={**h.meta, "kernels": {"canary": "def", "threads": 1}}) for h in b]
+    assert beats(a2, b3).label.startswith("inconclusive (arms from different code")
 
 
 def test_a_run_stopped_on_its_test_curve_or_arms_of_unequal_budgets_decide_nothing():
