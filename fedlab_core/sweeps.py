@@ -112,19 +112,24 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History], more_seeds: Iterable[int] = range(5, 10),
-                **sweep_kwargs) -> "Verdict":
+def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History] | Mapping[str, Sequence[History]],
+                more_seeds: Iterable[int] = range(5, 10), **sweep_kwargs) -> "Verdict":
     """The rule's second look at a claim (:mod:`fedlab_core.verdicts`): ``judge(*sides, looks=2)`` on the runs
     given (five seeds); when only its interval left it undecided (:attr:`Verdict.straddles`), the same configs
     at `more_seeds` are run (or read from the archive) and the claim is judged again on every seed, still with
-    two looks, so the two looks together keep the rule's error rate. `judge` is e.g.
+    two looks, so the two looks together keep the rule's error rate. A side is a method's runs, or a mapping of
+    them (the rivals of :func:`~fedlab_core.verdicts.beats_every`). `judge` is e.g.
     ``functools.partial(verdicts.beats, claim="...")``; `sweep_kwargs` go to :func:`sweep`."""
     first = judge(*sides, looks=2)
     if not first.straddles:
         return first
-    extra = [[RunConfig(**runs[0].config).replace(seed=s) for s in more_seeds] for runs in sides]
+    more_seeds = list(more_seeds)
+    lists = [runs for side in sides for runs in (side.values() if isinstance(side, Mapping) else [side])]
+    extra = [[RunConfig(**runs[0].config).replace(seed=s) for s in more_seeds] for runs in lists]
     added = iter(sweep([c for configs in extra for c in configs], **sweep_kwargs))
-    return judge(*([*runs, *(next(added) for _ in configs)] for runs, configs in zip(sides, extra)), looks=2)
+    grown = iter([[*runs, *(next(added) for _ in configs)] for runs, configs in zip(lists, extra)])
+    return judge(*({name: next(grown) for name in side} if isinstance(side, Mapping) else next(grown)
+                   for side in sides), looks=2)
 
 
 def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:

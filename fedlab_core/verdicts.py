@@ -467,7 +467,7 @@ def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping
 def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]], claim: str = "",
                 metric: str = "mean_client_accuracy", higher: bool = True, paper: str = "",
                 protocol: str = LAST_FIFTH, margin: float | None = _DEFAULT, values=None,
-                quantity: str = "accuracy") -> Verdict:
+                quantity: str = "accuracy", looks: int = 1) -> Verdict:
     """Judge "a beats every other method" without picking the rival on the runs that judge it.
 
     *Held* only if a beats each rival by the rule of :func:`order` (an intersection-union test: each
@@ -479,7 +479,8 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
 
     `values` : optional ``{name: {seed: value}}`` for a and each rival (``"a"`` for a) when the scores are
     not :func:`score` of the runs (best rounds of a table, silhouettes); the runs still decide convergence
-    and degeneracy. `quantity` : what the values measure (:data:`QUANTITIES`).
+    and degeneracy. `quantity` : what the values measure (:data:`QUANTITIES`). `looks` : as in :func:`order`
+    (each p multiplied by it: Bonferroni over the looks).
     """
     if not rivals:
         raise ValueError("rivals: a claim against every other method needs at least one rival")
@@ -493,7 +494,7 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
     base = order(scored["a"], scored[closest], claim, higher,
                  runs_converged(a, metric) and all(runs_converged(r, metric) for r in rivals.values()), paper,
                  runs=(a, rivals[closest]), margin=margin, score=protocol if values is None else "",
-                 quantity=quantity, metric=metric)
+                 quantity=quantity, metric=metric, looks=looks)
     if base.verdict == INCONCLUSIVE and base.reason:
         for name, runs in rivals.items():         # a degenerate rival or other code leaves the claim undecided too
             why = _runs_reason((a, runs), metric)
@@ -504,15 +505,16 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
         why = _runs_reason((a, runs), metric)
         if why:
             return dataclasses.replace(base, verdict=INCONCLUSIVE, reason=why, p=math.nan)
-    outcome, p = _every(np.array([diffs[name] for name in rivals]), sign, base.margin)
+    outcome, p = _every(np.array([diffs[name] for name in rivals]), sign, base.margin, looks)
     verdict, reason = [(HELD, ""), (NOT_HELD, REVERSED), (NOT_HELD, NO_DIFFERENCE), (INCONCLUSIVE, "")][int(outcome)]
     return dataclasses.replace(base, verdict=verdict, reason=reason, p=float(p))
 
 
-def _every(d: np.ndarray, sign: float, margin: float | None) -> tuple[np.ndarray, np.ndarray]:
+def _every(d: np.ndarray, sign: float, margin: float | None, looks: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """The decision of "beats every rival" from paired differences d (..., k rivals, n seeds): 0 held (each
     rival beaten at the full level: the largest p), 1 reversed or 2 no difference (some rival, Bonferroni over
-    the k), 3 undecided; and the p of the decision (of the nearest one when undecided)."""
+    the k), 3 undecided; and the p of the decision (of the nearest one when undecided), every p multiplied by
+    `looks`."""
     from scipy import stats
 
     k, n = d.shape[-2], d.shape[-1]
@@ -526,7 +528,7 @@ def _every(d: np.ndarray, sign: float, margin: float | None) -> tuple[np.ndarray
         reversed_ = np.minimum(1.0, k * beyond(0.0, False).min(-1))
         same = (np.ones_like(held) if margin is None else
                 np.minimum(1.0, k * np.maximum(beyond(-margin, True), beyond(margin, False)).min(-1)))
-    ps = np.stack([held, reversed_, same], -1)
+    ps = np.minimum(1.0, looks * np.stack([held, reversed_, same], -1))
     best = ps.argmin(-1)
     p = np.take_along_axis(ps, best[..., None], -1)[..., 0]
     return np.where(p < ALPHA, best, 3), p

@@ -668,3 +668,22 @@ def test_the_second_look_adds_seeds_five_to_nine_only_to_a_claim_whose_interval_
     clear = runs_for([RunConfig(algorithm="fedprox", seed=s) for s in range(5)], 0.2)
     asked.clear()
     assert sweeps.second_look(judge, clear, b).verdict == "held" and asked == []   # decided at five: no more seeds
+
+
+def test_the_second_look_grows_every_rival_of_a_claim_against_every_other_method(monkeypatch):
+    import functools
+
+    from fedlab_core import sweeps
+
+    def runs_for(configs):
+        return [_clients_run(c.seed, [[x, x + 0.05, x + 0.1] for x in [0.7 + (0.025 + 0.02 * (-1) ** c.seed
+                                                                                if c.algorithm == "fedprox" else 0)]]
+                             * 12, algorithm=c.algorithm) for c in configs]
+    asked = []
+    monkeypatch.setattr(sweeps, "sweep", lambda configs, **kw: asked.append(len(configs)) or runs_for(configs))
+    a = runs_for([RunConfig(algorithm="fedprox", seed=s) for s in range(5)])
+    rivals = {m: runs_for([RunConfig(algorithm=m, seed=s) for s in range(5)]) for m in ("fedavg", "scaffold")}
+    v = sweeps.second_look(functools.partial(verdicts.beats_every, claim="FedProx beats every other"), a, rivals)
+    assert asked == [15] and v.seeds == 10 and v.verdict == "held"
+    # two looks widen every p: the first look alone is more cautious than a single look
+    assert verdicts.beats_every(a, rivals, looks=2).p == pytest.approx(min(1.0, 2 * verdicts.beats_every(a, rivals).p))
