@@ -113,13 +113,18 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
 
 
 def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History] | Mapping[str, Sequence[History]],
-                more_seeds: Iterable[int] = range(5, 10), **sweep_kwargs) -> "Verdict":
+                more_seeds: Iterable[int] = range(5, 10), looks: int = 2, **sweep_kwargs) -> "Verdict":
     """The rule's second look at a claim (:mod:`fedlab_core.verdicts`): ``judge(*sides, looks=2)`` on the runs
     given (five seeds); when only its interval left it undecided (:attr:`Verdict.straddles`), the same configs
     at `more_seeds` are run (or read from the archive) and the claim is judged again on every seed, still with
     two looks, so the two looks together keep the rule's error rate. A side is a method's runs, or a mapping of
     them (the rivals of :func:`~fedlab_core.verdicts.beats_every`). `judge` is e.g.
-    ``functools.partial(verdicts.beats, claim="...")``; `sweep_kwargs` go to :func:`sweep`."""
+    ``functools.partial(verdicts.beats, claim="...")``; `sweep_kwargs` go to :func:`sweep`. ``looks=1``: one
+    look, no seeds added (``judge(*sides)``), for a profile whose claims were planned without a second look."""
+    if looks == 1:
+        return judge(*sides)
+    if looks != 2:
+        raise ValueError(f"looks: 1 (no second look) or 2; got {looks!r}")
     first = judge(*sides, looks=2)
     if not first.straddles:
         return first

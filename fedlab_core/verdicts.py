@@ -392,10 +392,11 @@ def _code(h: "History") -> str:
 def stopped_on_test(h: "History") -> bool:
     """Whether a run stopped before its cap because its curve *on the test set* flattened: the engine's stop read
     the clients' (or the global) test accuracy of a run scored on that test set (not one scored on held-out
-    training data, ``validation`` > 0)."""
+    training data, ``validation`` > 0). A run that trained to its cap spent its whole budget, whatever it says."""
     c = h.config
-    return bool(h.meta.get("stopped_at_plateau") and c.get("plateau_metric", "mean_client_accuracy") != VALIDATION
-                and not c.get("validation"))
+    stop = h.meta.get("stopped_at_plateau")
+    return bool(stop and stop < c.get("num_rounds", math.inf)
+                and c.get("plateau_metric", "mean_client_accuracy") != VALIDATION and not c.get("validation"))
 
 
 def budget(h: "History") -> int | None:

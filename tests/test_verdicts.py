@@ -549,6 +549,8 @@ def test_a_run_stopped_on_its_test_curve_or_arms_of_unequal_budgets_decide_nothi
     # the same stop read off held-out validation shares is fine, and so is a run scored on held-out data
     on_val = [dataclasses.replace(h, config={**h.config, "plateau_metric": "validation_accuracy"}) for h in test_stopped]
     assert beats(a, on_val).verdict == "held"
+    at_cap = [dataclasses.replace(h, meta={**h.meta, "stopped_at_plateau": h.config["num_rounds"]}) for h in b]
+    assert beats(a, at_cap).verdict == "held"                 # it trained to its cap: the stop shortened nothing
     longer = [_clients_run(s, [[0.70 + 0.01 * s, 0.71, 0.72]] * (12 + 3 * (s == 2))) for s in range(5)]
     assert beats(a, longer).label == "inconclusive (unequal budgets: seed 2 trained 12 rounds on one side, 15 on the other)"
     # a chapter's deliberate truncation (equal local steps) states its own budget
