@@ -122,11 +122,12 @@ DEGENERATE, MULTIPLICITY, CONSISTENT = "degenerate", "multiplicity", "consistent
 DIFFERENT_CODE = "arms from different code"
 TEST_STOPPED, UNEQUAL_BUDGETS = "stopped on the test curve", "unequal budgets"
 # the reasons a count groups by their first words (the rest of the reason says which run, which p)
-GROUPED = (NOT_CONVERGED, DEGENERATE, MULTIPLICITY, DIFFERENT_CODE)
+GROUPED = (NOT_CONVERGED, DEGENERATE, MULTIPLICITY, DIFFERENT_CODE, TEST_STOPPED, UNEQUAL_BUDGETS)
 # every label a verdict can print, in the order tables and charts list them
 OUTCOMES = (HELD, REACHED, f"{NOT_HELD} ({REVERSED})", f"{NOT_HELD} ({NO_DIFFERENCE})", NOT_REACHED,
             f"{INCONCLUSIVE} ({MULTIPLICITY})", f"{INCONCLUSIVE} ({CONSISTENT})", f"{INCONCLUSIVE} ({DEGENERATE})",
             f"{INCONCLUSIVE} ({NOT_CONVERGED})", f"{INCONCLUSIVE} ({DIFFERENT_CODE})",
+            f"{INCONCLUSIVE} ({TEST_STOPPED})", f"{INCONCLUSIVE} ({UNEQUAL_BUDGETS})",
             f"{INCONCLUSIVE} (fewer than {MIN_SEEDS} seeds)", INCONCLUSIVE,
             f"{INCONCLUSIVE} ({DIVERGED})", NOT_COMPARABLE)
 
