@@ -103,6 +103,21 @@ def test_the_validation_split_is_held_out_of_each_clients_training_data():
     assert all(torch.equal(a.y_test, b.y_test) for a, b in zip(held.clients, again.clients))
 
 
+def test_one_class_validation_shares_get_as_many_negatives_as_their_test_sets_held_out_by_other_clients():
+    data = load_dataset("digits")
+    fed = federate(data, "one_class", 10, 0)
+    held = hold_out(fed, 0.25, seed=3, keep_test=True)
+    trained_rows = {tuple(r.tolist()) for c in held.clients for r in c.x_train.flatten(1)}
+    for before, after in zip(fed.clients, held.clients):
+        own = set(before.y_train.tolist())
+        positives = sum(y in own for y in after.y_val.tolist())
+        assert len(own) == 1 and positives == len(after.y_val) - positives > 0     # half its class, half others
+        assert after.num_train + positives == before.num_train                       # held out of its own data
+        assert not any(tuple(r.tolist()) in trained_rows for r in after.x_val.flatten(1))  # no client trains on them
+    again = hold_out(fed, 0.25, seed=3, keep_test=True)
+    assert all(torch.equal(a.y_val, b.y_val) for a, b in zip(held.clients, again.clients))
+
+
 def test_a_run_with_validation_is_evaluated_on_the_held_out_data(tiny):
     history = run(tiny.replace(validation=0.2, num_rounds=1), use_cache=False, progress=False)
     assert history.meta["samples"]["test"] == sum(history.meta["samples"]["client_test"])

@@ -143,14 +143,27 @@ def hold_out(federation: Federation, fraction: float, seed: int, keep_test: bool
       and the global evaluation set is their union. No test image is used.
     - ``keep_test=True``, a monitored validation set: the held-out part is the client's ``x_val``/``y_val``,
       scored beside its test set at every evaluation, which keeps its test set.
+
+    Under one class per client (scheme "one_class") a client's held-out part holds its class only, on which a
+    model that answers every image with that class scores 100%; as its test set does (:func:`P.one_class_test`),
+    it gets as many negatives, drawn from the other clients' held-out parts (images of other classes that no
+    client trains on).
     """
-    clients = []
+    clients, held_parts = [], []
     for i, c in enumerate(federation.clients):
         train, held = (torch.as_tensor(ix) for ix in P.stratified_split(c.y_train.cpu().numpy(), fraction,
                                                                            seed * 100_003 + i))
-        evaluation = {"x_val": c.x_train[held], "y_val": c.y_train[held]} if keep_test else \
-            {"x_test": c.x_train[held], "y_test": c.y_train[held]}
-        clients.append(replace(c, x_train=c.x_train[train], y_train=c.y_train[train], **evaluation))
+        clients.append(replace(c, x_train=c.x_train[train], y_train=c.y_train[train]))
+        held_parts.append((c.x_train[held], c.y_train[held]))
+    if federation.scheme == "one_class":
+        pool_x, pool_y = torch.cat([x for x, _ in held_parts]), torch.cat([y for _, y in held_parts])
+        rng = P._rng(seed, "validation negatives")
+        for i, (x, y) in enumerate(held_parts):
+            others = np.flatnonzero(~np.isin(pool_y.cpu().numpy(), y.cpu().numpy()))
+            pick = torch.as_tensor(np.sort(rng.choice(others, size=min(len(y), others.size), replace=False)))
+            held_parts[i] = (torch.cat([x, pool_x[pick]]), torch.cat([y, pool_y[pick]]))
+    for i, (x, y) in enumerate(held_parts):
+        clients[i] = replace(clients[i], **({"x_val": x, "y_val": y} if keep_test else {"x_test": x, "y_test": y}))
     counts = np.stack([np.bincount(c.y_train.cpu().numpy(), minlength=federation.num_classes) for c in clients])
     if keep_test:
         return replace(federation, clients=clients, class_counts=counts)
