@@ -26,6 +26,7 @@ import pickle
 import queue
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
@@ -44,15 +45,24 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _end_with_parent(parent: int) -> None:
-    """Ask Linux to kill this process when its parent dies, so no worker outlives a killed run."""
+def end_with_parent(parent: int, every: float = 0.5) -> None:
+    """End this process when its parent dies, so no worker outlives a killed or terminated run: Linux's parent-death
+    signal where it takes (a forked worker), and a watcher thread that ends the process within `every` seconds of
+    the parent's death where it does not (a spawned one: its parent-death signal follows the thread that started
+    it, not the process)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass  # elsewhere the pipe's end of file still stops the worker once the parent is gone
+        pass
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True, name="end-with-parent").start()
 
 
 class _Channel:
@@ -138,7 +148,7 @@ def _serve(state: Any, conn: Connection, inherited: Sequence[Connection], parent
     _PROGRESS = progress
     for c in inherited:  # the parent's ends of the pipes: only the parent may hold them open
         c.close()
-    _end_with_parent(parent)
+    end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the pool
     torch.set_num_threads(1)
     channel = _Channel(conn)

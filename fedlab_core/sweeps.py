@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from .parallel import end_with_parent
 from .runs import RunConfig, run, stored
 from .store import History
 
@@ -199,7 +200,10 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
 
     workers = max_workers or os.cpu_count() or 1
     queue = list(missing)
-    with bar, ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+    # the workers end with this process: a chapter or sweep stopped by SIGTERM (or its kernel shut down) leaves no
+    # run computing behind it
+    with bar, ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=end_with_parent,
+                                  initargs=(os.getpid(),)) as pool:
         flying = {}
         while queue or flying:
             while queue and len(flying) < workers and time.time() < deadline:

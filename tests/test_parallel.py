@@ -144,6 +144,39 @@ def test_workers_end_when_their_parent_is_killed(tmp_path):
     assert not any(_alive(p) for p in workers)
 
 
+TERMINATED_SWEEP = textwrap.dedent("""
+    import multiprocessing as mp, pathlib, sys, threading, time
+    from fedlab_core import RunConfig, sweep
+    def report():   # once both runs are under way (each has written a checkpoint), name the workers
+        while len(list(pathlib.Path(sys.argv[2]).rglob("*.ckpt"))) < 2:
+            time.sleep(0.05)
+        open(sys.argv[1], "w").write(" ".join(str(p.pid) for p in mp.active_children()))
+    if __name__ == "__main__":   # the workers are spawned: they import this file
+        threading.Thread(target=report, daemon=True).start()
+        long = RunConfig(dataset="digits", model="mlp", num_clients=4, num_rounds=100000, lr=0.1)
+        sweep([long, long.replace(seed=1)], max_workers=2, cache_dir=sys.argv[2])
+""")
+
+
+@pytest.mark.parametrize("signal_", [signal.SIGTERM, signal.SIGKILL])
+def test_a_sweeps_workers_end_when_it_is_terminated_or_killed(tmp_path, signal_):
+    script, pids = tmp_path / "sweep.py", tmp_path / "pids"
+    script.write_text(TERMINATED_SWEEP)
+    proc = subprocess.Popen([sys.executable, str(script), str(pids), str(tmp_path / "cache")], cwd=ROOT)
+    deadline = time.time() + 120
+    while not (pids.exists() and pids.read_text()):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    workers = [int(p) for p in pids.read_text().split()]
+    assert len(workers) == 2 and all(_alive(p) for p in workers)
+    proc.send_signal(signal_)
+    proc.wait()
+    deadline = time.time() + 10
+    while any(_alive(p) for p in workers) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in workers), "a sweep's workers outlived it"
+
+
 def test_default_workers_every_core_on_a_cpu_one_on_a_gpu():
     assert resolve_workers(None, torch.device("cpu")) == available_cores()
     assert resolve_workers(None, torch.device("cuda")) == 1
