@@ -265,3 +265,80 @@ class Configurable:
 
     def check_model(self, model: Any) -> None:
         """Raise ValueError if this method cannot do what it is for on `model` (default: any model will do)."""
+
+
+def _assignments(source: str) -> dict[str, Any]:
+    """``NAME = literal`` assignments of a cell (a value that is not a literal: the name with ``...``)."""
+    import ast
+
+    out: dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    try:
+                        out[target.id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        out[target.id] = ...
+    return out
+
+
+def _kind(value: Any) -> str:
+    """What a parameter's default says it takes, in words: "an integer", "a list of numbers", ..."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, numbers.Integral):
+        return "an integer"
+    if isinstance(value, numbers.Real):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        inner = {_kind(v) for v in value}
+        return "a list" + (f" of {inner.pop().split(' ', 1)[1]}s" if len(inner) == 1 else "")
+    return f"a {type(value).__name__}"
+
+
+def _fits(value: Any, default: Any) -> bool:
+    if default is ... or default is None or value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, numbers.Integral):
+        return isinstance(value, numbers.Integral)
+    if isinstance(default, numbers.Real):
+        return isinstance(value, numbers.Real)
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple)) and (not default or all(_fits(v, default[0]) for v in value))
+    return isinstance(value, type(default))
+
+
+class ParameterError(ValueError):
+    """A notebook parameter given through papermill that the notebook does not take, or of the wrong kind."""
+
+
+def check_notebook_parameters(executed: Sequence[str]) -> None:
+    """Refuse, before any work, a parameter that papermill injected into a notebook but that its parameters cell
+    does not declare (naming the closest declared one), or a value of another kind than the default's (a string
+    for a number, a number for a list). `executed`: the cell sources the kernel ran so far, in order (IPython's
+    ``In``); the parameters cell is the first, papermill's injected cell the one starting ``# Parameters``.
+
+    Raises :class:`ParameterError`, whose one line ends the notebook's (and papermill's) report."""
+    import difflib
+
+    cells = [c for c in executed if c.strip()]
+    if not cells:
+        return
+    declared = _assignments(cells[0])
+    for source in cells[1:]:
+        if not source.lstrip().startswith("# Parameters"):
+            continue
+        for name, value in _assignments(source).items():
+            if name not in declared:
+                close = difflib.get_close_matches(name, declared, n=1)
+                raise ParameterError(f"{name}: not a parameter of this notebook"
+                                 + (f"; did you mean {close[0]}?" if close else "")
+                                 + f" (its parameters: {', '.join(declared)})")
+            if not _fits(value, declared[name]):
+                raise ParameterError(f"{name}: expects {_kind(declared[name])}, like its default {declared[name]!r}; "
+                                 f"got {value!r}")

@@ -763,3 +763,20 @@ def test_fraug_paper_profile_names_the_papers_three_benchmarks_with_valid_option
     # the code's shares and schedule rates: 1% and 0.002 on Digits, 10% and 0.01 on PACS and OfficeHome
     assert {b["dataset"]: (b["data_fraction"], b["gamma"]) for b in benchmarks} == {
         "digits4": (0.01, 0.002), "pacs": (0.1, 0.01), "officehome": (0.1, 0.01)}
+
+
+def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_before_any_work(tmp_path):
+    import papermill as pm
+
+    notebook = ROOT / "notebooks" / "quickstart.ipynb"
+    for given, message in (({"NUM_CLIENT": 5}, "NUM_CLIENT: not a parameter of this notebook; did you mean NUM_CLIENTS?"),
+                           ({"DIRICHLET_ALPHA": "half"}, "DIRICHLET_ALPHA: expects a number, like its default 0.1; "
+                                                         "got 'half'"),
+                           ({"SEEDS": 3}, "SEEDS: expects a list of integers")):
+        with pytest.raises(pm.PapermillExecutionError) as err:
+            pm.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), parameters=given, progress_bar=False,
+                                cwd=str(tmp_path), log_output=False)
+        assert err.value.ename == "ParameterError" and err.value.evalue.startswith(message)
+        executed = [c for c in nbformat.read(tmp_path / "out.ipynb", 4).cells if c.cell_type == "code"]
+        stopped = next(i for i, c in enumerate(executed) if "check_notebook_parameters" in c.source)
+        assert all(c.execution_count is None for c in executed[stopped + 1:])   # no run, no later cell
