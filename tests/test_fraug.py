@@ -302,7 +302,7 @@ def test_the_same_numbers_whatever_the_worker_count():
 @pytest.mark.parametrize("name,value", [("alpha", 3.0), ("beta", 3.0), ("latent", 7), ("aux_lr", 0.2), ("gamma", 0.5),
                                         ("variant", "code"), ("smoothing", False), ("rtnet", False),
                                         ("prototypes", False), ("ema", 0.9), ("ramp_rounds", 0),
-                                        ("loss_weights", (0.5, 0.25, 0.25))])
+                                        ("loss_weights", (0.5, 0.25, 0.25)), ("rt_full", True)])
 def test_every_parameter_changes_what_a_client_uploads(name, value):
     def upload(**params):
         a, state, _, _ = _ready(FRAug(Training(lr=0.1, local_steps=3), **params), round_idx=2)

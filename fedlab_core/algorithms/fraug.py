@@ -55,8 +55,13 @@ SGD momentum on the client from one round to the next, as the code's optimisers 
 training transform ``"crop_jitter_gray"`` (:mod:`fedlab_core.data.transforms`) is the code's Digits image
 augmentation. The code's scoring, each client's test accuracy at its best round on a validation split, is
 the verdicts' ``BEST_VALIDATION`` score of a run with ``RunConfig.validation_monitor``. Not reproduced: its
-Digits generator distance (L2 to the prototypes in place of MMD), PACS's RTNet distance (L2), the RTNet
-trained with lam = 1, and real features recomputed in eval mode after the model step.
+Digits generator distance (L2 to the prototypes in place of MMD), PACS's RTNet distance (L2), and real
+features recomputed in eval mode after the model step.
+
+The RTNet's loss (Eq. 6) is read with Eq. 3's lam, on ``u + lam m(G(z, y))`` (the paper, default). The authors'
+code trains the RTNet on the unscaled residual, ``u + m(G(z, y))`` (lam = 1), and applies lam only to what the head
+trains on: ``rt_full=True``. The difference matters: a RTNet trained on ``u + lam m`` learns a residual about
+1/lam too large while lam is small, which the rising schedule then releases at full strength onto the head.
 
 Switches for the paper's Table 3 ablation: ``rtnet=False`` ("generator only": the head trains on the
 client-agnostic embeddings ``v_hat = G(z, y)`` themselves in place of ``u_hat`` and ``u_hat_c``, as the
@@ -151,6 +156,8 @@ class FRAug(FedBN):
     loss_weights : (real, synthetic, prototype-synthetic) weights of the model's loss; None: the variant's
         (paper 1 : 1 : 1; code (1 - Lr) : Lr / 2 : Lr / 2).
     keep_optimizer : keep the SGD momentum of the model, G and RTNet on the client across rounds.
+    rt_full : train the RTNet on the unscaled residual (lam = 1, the code); False: on Eq. 3's ``u + lam m`` (the
+        paper).
     """
 
     name = "fraug"
@@ -164,12 +171,14 @@ class FRAug(FedBN):
     def __init__(self, training: Training | None = None, alpha: float = 1.0, beta: float = 1.0, latent: int = 0,
                  aux_lr: float = 0.05, gamma: float = 0.01, variant: str = "paper", smoothing: bool = True,
                  rtnet: bool = True, prototypes: bool = True, ema: float = 0.3, ramp_rounds: int = 300,
-                 loss_weights: tuple[float, float, float] | None = None, keep_optimizer: bool = False):
+                 loss_weights: tuple[float, float, float] | None = None, keep_optimizer: bool = False,
+                 rt_full: bool = False):
         super().__init__(training)
         self.alpha, self.beta, self.latent, self.aux_lr, self.gamma = alpha, beta, latent, aux_lr, gamma
         self.variant, self.smoothing, self.use_rtnet, self.use_prototypes, self.ema = (
             variant, smoothing, rtnet, prototypes, ema)
         self.ramp_rounds, self.loss_weights, self.keep_optimizer = ramp_rounds, loss_weights, keep_optimizer
+        self.rt_full = rt_full
         self._momentum = None  # the client's momentum buffers while it trains under keep_optimizer
 
     # ------------------------------------------------------------------ protocol
@@ -277,14 +286,20 @@ class FRAug(FedBN):
         embeddings u (B, F)} plus, with prototypes, {"y_c": class-balanced labels (B,), "anchor_c": their
         prototypes (B, F), "u_hat_c": around them (B, F)}."""
         v = self.generator(self.draw(len(y)), y)
-        out = {"v": v, "u_hat": u + self._lam * self.rtnet(v, y) if self.use_rtnet else v}
+        out = {"v": v, "u_hat": v}
+        if self.use_rtnet:
+            out["r"] = self.rtnet(v, y)  # the residual before the schedule's scale
+            out["u_hat"] = u + self._lam * out["r"]
         if self.use_prototypes:
             c = self.federation.num_classes
             start = int(torch.randint(c, (1,), generator=self._rng))
             y_c = (start + torch.arange(len(y), device=self.device)) % c  # every class in turn
             v_c = self.generator(self.draw(len(y)), y_c)
             anchor = self._prototypes[y_c]
-            out.update(y_c=y_c, anchor_c=anchor, u_hat_c=anchor + self._lam * self.rtnet(v_c, y_c) if self.use_rtnet else v_c)
+            out.update(y_c=y_c, anchor_c=anchor, u_hat_c=v_c)
+            if self.use_rtnet:
+                out["r_c"] = self.rtnet(v_c, y_c)
+                out["u_hat_c"] = anchor + self._lam * out["r_c"]
         return out
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
@@ -334,9 +349,14 @@ class FRAug(FedBN):
             params = list(self.generator.parameters())
             grads = list(torch.autograd.grad(gen_loss, params, retain_graph=self.use_rtnet))
             if self.use_rtnet:
-                rt_loss = -entropy(logits) + self.beta * gap
+                if self.rt_full:   # the code: the RTNet learns the full residual; lam scales only what the head sees
+                    u_rt = u + s["r"]
+                    rt_loss = -entropy(head(u_rt)) + self.beta * mmd(u_rt, u)
+                else:              # the paper: Eq. 6 on Eq. 3's u_hat
+                    rt_loss = -entropy(logits) + self.beta * gap
                 if self.use_prototypes:
-                    rt_loss = rt_loss - entropy(head(s["u_hat_c"])) + self.beta * mmd(s["u_hat_c"], s["anchor_c"])
+                    uc_rt = s["anchor_c"] + s["r_c"] if self.rt_full else s["u_hat_c"]
+                    rt_loss = rt_loss - entropy(head(uc_rt)) + self.beta * mmd(uc_rt, s["anchor_c"])
                 rt_params = list(self.rtnet.parameters())
                 params += rt_params
                 grads += torch.autograd.grad(rt_loss, rt_params)
