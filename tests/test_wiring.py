@@ -58,6 +58,7 @@ CASES = {
     "stop_at_plateau": ({"num_rounds": 60}, True, {"schedule"}),   # the tiny run plateaus before round 60
     # the tiny run's client curve plateaus at round 49, its global model's at 47
     "plateau_metric": ({"num_rounds": 60, "stop_at_plateau": True}, "global_accuracy", {"schedule"}),
+    "patience": ({"num_rounds": 60, "stop_at_plateau": True}, 3, {"schedule"}),   # three passes in a row: later
     "seed": ({}, 1, {"data", "model", "schedule"}),
 }
 
@@ -94,7 +95,7 @@ def parts(config: RunConfig) -> dict[str, str]:
             "algorithm": _settings(sim.algorithm),
             "augment": _settings(sim.augment),
             "schedule": repr((sim.num_rounds, sim.fraction, sim.clients_per_round, sim.eval_every, sim.seed,
-                              sim.stop_at_plateau, sim.plateau_metric))}
+                              sim.stop_at_plateau, sim.plateau_metric, sim.patience))}
 
 
 def _numbers(history):
