@@ -126,22 +126,27 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in state  # a zombie has ended; its new parent reaps it when it can
 
 
-def test_workers_end_when_their_parent_is_killed(tmp_path):
+def _workers_end_with_their_parent(tmp_path, source: str, sig: int, *args: str) -> None:
+    """Run `source` (it writes its two workers' pids to argv[1]), send it `sig` once they work, require them gone."""
     script, pids = tmp_path / "parent.py", tmp_path / "pids"
-    script.write_text(KILLED_PARENT)
-    proc = subprocess.Popen([sys.executable, str(script), str(pids)], cwd=ROOT)
+    script.write_text(source)
+    proc = subprocess.Popen([sys.executable, str(script), str(pids), *args], cwd=ROOT)
     deadline = time.time() + 120
     while not (pids.exists() and pids.read_text()):
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.05)
     workers = [int(p) for p in pids.read_text().split()]
     assert len(workers) == 2 and all(_alive(p) for p in workers)
-    proc.kill()
+    proc.send_signal(sig)
     proc.wait()
     deadline = time.time() + 10
     while any(_alive(p) for p in workers) and time.time() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(p) for p in workers)
+    assert not any(_alive(p) for p in workers), "workers outlived their parent"
+
+
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    _workers_end_with_their_parent(tmp_path, KILLED_PARENT, signal.SIGKILL)
 
 
 TERMINATED_SWEEP = textwrap.dedent("""
@@ -161,21 +166,7 @@ TERMINATED_SWEEP = textwrap.dedent("""
 def test_a_sweeps_workers_end_when_it_is_terminated(tmp_path):
     # SIGTERM, as a notebook server or a job scheduler stops a chapter (a SIGKILL takes the same path: the parent
     # dies and the workers' watcher ends them)
-    script, pids = tmp_path / "sweep.py", tmp_path / "pids"
-    script.write_text(TERMINATED_SWEEP)
-    proc = subprocess.Popen([sys.executable, str(script), str(pids), str(tmp_path / "cache")], cwd=ROOT)
-    deadline = time.time() + 120
-    while not (pids.exists() and pids.read_text()):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.05)
-    workers = [int(p) for p in pids.read_text().split()]
-    assert len(workers) == 2 and all(_alive(p) for p in workers)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait()
-    deadline = time.time() + 10
-    while any(_alive(p) for p in workers) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in workers), "a sweep's workers outlived it"
+    _workers_end_with_their_parent(tmp_path, TERMINATED_SWEEP, signal.SIGTERM, str(tmp_path / "cache"))
 
 
 def test_default_workers_every_core_on_a_cpu_one_on_a_gpu():
