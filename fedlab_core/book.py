@@ -15,6 +15,7 @@ import argparse
 import ast
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any, Iterable
 import nbformat
 import yaml
 
+from . import progress
 from .store import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,6 +221,36 @@ def show_parameters_run(nb: nbformat.NotebookNode, params: dict[str, Any], profi
             c.metadata["tags"] = [*tags, "remove-cell"]
 
 
+class _RunLines(logging.Handler):
+    """Shows on the build's terminal, as they come, the lines a chapter's sweeps print about their runs
+    (:mod:`fedlab_core.progress`), and nothing else of its output."""
+
+    def __init__(self, stem: str):
+        super().__init__(logging.INFO)
+        self.stem = stem
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for line in str(record.msg).splitlines():
+            if line.startswith(progress.PREFIX):
+                print(f"[book] {self.stem}: {line}", flush=True)
+
+
+def drop_run_lines(nb: nbformat.NotebookNode) -> None:
+    """Remove from an executed notebook the progress lines of its sweeps: the page shows results, not how
+    long they took to compute (a chapter that read every run from the archive printed none)."""
+    for cell in nb.cells:
+        outputs = []
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                out.text = "".join(line for line in out.text.splitlines(keepends=True)
+                                   if not line.startswith(progress.PREFIX))
+                if not out.text:
+                    continue
+            outputs.append(out)
+        if "outputs" in cell:
+            cell.outputs = outputs
+
+
 def _execute_one(notebooks: Path, chapters: Path, stem: str, profile: str, params: dict[str, Any], stamp: str) -> float:
     """Execute one chapter with papermill and record its stamp and time in the executed notebook; returns the
     seconds it took."""
@@ -229,13 +261,21 @@ def _execute_one(notebooks: Path, chapters: Path, stem: str, profile: str, param
     # The kernel must use the inline backend so figures land in the page; a headless MPLBACKEND
     # set for the test process would be inherited by the kernel and swallow them.
     backend = os.environ.pop("MPLBACKEND", None)
+    relay, log = _RunLines(stem), logging.getLogger("papermill")
+    level = log.level
+    log.addHandler(relay)
+    log.setLevel(logging.INFO)   # papermill logs a chapter's output at INFO: the relay picks the runs' lines
     try:
         papermill.execute_notebook(str(source), str(target), parameters=params, kernel_name="python3",
-                                   cwd=str(chapters), progress_bar=False, request_save_on_cell_execute=False)
+                                   cwd=str(chapters), progress_bar=False, request_save_on_cell_execute=False,
+                                   log_output=True)
     finally:
+        log.removeHandler(relay)
+        log.setLevel(level)
         if backend is not None:
             os.environ["MPLBACKEND"] = backend
     nb = nbformat.read(target, as_version=4)
+    drop_run_lines(nb)
     show_parameters_run(nb, params, profile)
     nb.metadata["fedlab"] = {"stamp": stamp, "profile": profile, "seconds": time.perf_counter() - started,
                              "executed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

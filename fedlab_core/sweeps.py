@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from .parallel import end_with_parent
+from .progress import Report
 from .runs import RunConfig, run, stored
 from .store import History
+from .verdicts import mean_std
 
 if TYPE_CHECKING:  # pandas loads when a table is first asked for
     import pandas as pd
@@ -55,12 +57,13 @@ UNCONVERGED_MARK = "†"   # mean_std_table's mark on a cell with a run that did
 
 def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=None, columns=None,
                    mark_unconverged: bool = False) -> pd.DataFrame:
-    """A :func:`summarize` frame keyed by (row, column) labels as a table of ``"mean ± std"`` strings.
+    """A :func:`summarize` frame keyed by (row, column) labels as a table of ``"mean ± std"`` strings
+    (:func:`~.verdicts.mean_std`).
 
     A cell without a number says why: "no global model" (global accuracy of a method that has none) or
     "diverged" (a run that stopped on a non-finite loss). With `mark_unconverged`, a cell whose runs did not
     all pass the convergence test ends with :data:`UNCONVERGED_MARK`."""
-    text = summary[metric].map("{:.3f}".format) + " ± " + summary[f"{metric}_std"].map("{:.3f}".format)
+    text = summary[metric].combine(summary[f"{metric}_std"], mean_std)
     if mark_unconverged:
         text = text.where(summary["converged"] >= summary["seeds"], text + " " + UNCONVERGED_MARK)
     missing = summary[metric].isna()
@@ -155,7 +158,8 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
         number of cores) or "ray" (tasks of one CPU each on the cluster at $RAY_ADDRESS, or a local
         Ray instance when none is set); None: $FEDLAB_BACKEND, else "local".
     run_kwargs : passed to :func:`run` (cache_dir, device, ...). Runs the archive or the cache holds are read
-        here, not re-run; the others are computed, with a progress bar and the time left. A run that diverges
+        here, not re-run; the others are computed, and their progress reported as they go: the count and an
+        estimate before they start, a bar on a terminal, elsewhere a line as each ends (:mod:`.progress`). A run that diverges
         is recorded with NaN metrics (``on_diverge="record"``) unless told otherwise.
 
     With ``$FEDLAB_DEADLINE`` set (a Unix time), no run starts after it: the runs in flight finish (and are
@@ -181,17 +185,22 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
         return results
     deadline = float(os.environ.get("FEDLAB_DEADLINE") or "inf")
     bar = tqdm(total=len(missing), desc=f"computing {len(missing)} of {len(configs)} runs", unit="run",
-               disable=None)  # on a terminal only: a notebook page shows no progress bars
+               disable=None)  # on a terminal only; elsewhere (a notebook, a log) the report prints lines
     if backend == "ray":
         import ray
 
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
+        report = Report(configs, missing, int(ray.cluster_resources().get("CPU", 1)), lines=bar.disable)
         task = ray.remote(num_cpus=1)(_run_one_thread)
         pending = {task.remote(configs[i], run_kwargs): i for i in missing}
+        for i in missing:
+            report.start(i)
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
-            results[pending.pop(done[0])] = ray.get(done[0])
+            i = pending.pop(done[0])
+            results[i] = ray.get(done[0])
+            report.finish(i)
             bar.update(1)
         bar.close()
         return results
@@ -199,6 +208,7 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     workers = max_workers or os.cpu_count() or 1
+    report = Report(configs, missing, workers, lines=bar.disable)
     queue = list(missing)
     # the workers end with this process: a chapter or sweep stopped by SIGTERM (or its kernel shut down) leaves no
     # run computing behind it
@@ -209,11 +219,14 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
             while queue and len(flying) < workers and time.time() < deadline:
                 i = queue.pop(0)
                 flying[pool.submit(_run_one_thread, configs[i], run_kwargs)] = i
+                report.start(i)
             if not flying:
                 raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(queue)} of {len(configs)} runs "
                                   f"of this sweep left; the finished ones are stored, so the same command continues")
             done, _ = wait(flying, return_when=FIRST_COMPLETED)
             for future in done:
-                results[flying.pop(future)] = future.result()
+                i = flying.pop(future)
+                results[i] = future.result()
+                report.finish(i)
                 bar.update(1)
     return results

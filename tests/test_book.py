@@ -104,6 +104,18 @@ def test_rerun_executes_only_what_changed(tmp_path, monkeypatch):
     assert re.search(r"\| \[tiny\]\(tiny.ipynb\) \| book \| \d+ \|", status)
 
 
+def test_the_build_shows_a_chapters_run_lines_on_its_terminal_and_keeps_them_off_the_page(tmp_path, capsys):
+    notebooks, chapters, toc = _tiny_book(tmp_path)
+    source = nbformat.read(notebooks / "tiny.ipynb", as_version=4)
+    source.cells[1].source += "\nprint('runs: 1 of 3 done, about 2 min left')\nprint('a result')"
+    nbformat.write(source, notebooks / "tiny.ipynb")
+    book.execute("smoke", notebooks, chapters, toc, {"tiny": {"book": {"GREETING": "hi", "REPEAT": 1}}})
+    terminal = capsys.readouterr().out
+    assert "[book] tiny: runs: 1 of 3 done, about 2 min left" in terminal and "a result" not in terminal
+    page = nbformat.read(chapters / "tiny.ipynb", as_version=4).cells[-1].outputs
+    assert [o.text for o in page if o.output_type == "stream"] == ["a result\n"]
+
+
 def test_the_parameters_cell_shows_the_values_the_page_ran_with(tmp_path):
     notebooks, chapters, toc = _tiny_book(tmp_path)
     source = nbformat.read(notebooks / "tiny.ipynb", as_version=4)
@@ -772,11 +784,39 @@ def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_befo
     notebook = ROOT / "notebooks" / "quickstart.ipynb"
     for given, message in (({"NUM_CLIENT": 5}, "NUM_CLIENT: not a parameter of this notebook; did you mean NUM_CLIENTS?"),
                            ({"SEEDS": 3}, "SEEDS: expects a list of integers, like its default [0, 1, 2, 3, 4]; "
-                                          "got 3")):
+                                          "got 3"),
+                           ({"DIRICHLET_ALPHA": -1}, "DIRICHLET_ALPHA: must be a number > 0 and finite; got -1")):
         with pytest.raises(pm.PapermillExecutionError) as err:
             pm.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), parameters=given, progress_bar=False,
                                 cwd=str(tmp_path), log_output=False)
         assert err.value.ename == "ParameterError" and err.value.evalue.startswith(message)
+        assert err.value.traceback == [f"ParameterError: {err.value.evalue}"]   # one line, no traceback
         executed = [c for c in nbformat.read(tmp_path / "out.ipynb", 4).cells if c.cell_type == "code"]
         stopped = next(i for i, c in enumerate(executed) if "check_notebook_parameters" in c.source)
         assert all(c.execution_count is None for c in executed[stopped + 1:])   # no run, no later cell
+
+
+@pytest.mark.parametrize("profile", book.PROFILE_NAMES)
+def test_every_profiles_parameters_pass_the_notebooks_own_check(profile):
+    from fedlab_core.notebook import check_notebook_parameters
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        cell = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        given = PROFILES.get(path.stem, {}).get(profile, {})
+        injected = "# Parameters\n" + "\n".join(f"{name} = {value!r}" for name, value in given.items())
+        check_notebook_parameters([cell, injected])   # raises on a value a profile gives that the rules refuse
+
+
+def test_a_parameter_follows_the_rule_of_the_runconfig_field_it_sets():
+    from fedlab_core.notebook import ParameterError, check_notebook_parameters, field_of
+
+    assert [field_of(n) for n in ("NUM_ROUNDS", "DIRICHLET_ALPHAS", "TUNE_SEEDS", "PAPER_ROUNDS", "COS_W_TRUE")] == [
+        "num_rounds", "alpha", "seed", "num_rounds", None]
+    cell = "SEEDS = [0, 1]\nPAPER_ROUNDS = 90\nNOTE = 'x'"
+    check_notebook_parameters([cell, "# Parameters\nSEEDS = [3]\nNOTE = 'y'"])
+    with pytest.raises(ParameterError, match=r"^SEEDS: must be an integer >= 0; got -1"):
+        check_notebook_parameters([cell, "# Parameters\nSEEDS = [2, -1]"])
+    with pytest.raises(ParameterError, match=r"^PAPER_ROUNDS: must be an integer >= 1; got 0"):
+        check_notebook_parameters([cell, "# Parameters\nPAPER_ROUNDS = 0"])
+

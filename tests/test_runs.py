@@ -192,9 +192,12 @@ def test_cli_bad_input_exits_2_names_the_field_and_touches_nothing(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_sweep_local_matches_sequential_runs(tiny, tmp_path):
+def test_sweep_local_matches_sequential_runs(tiny, tmp_path, capfd):
     configs = [tiny.replace(seed=s, num_rounds=2) for s in (0, 1)]
     parallel = sweep(configs, backend="local", max_workers=2, cache_dir=tmp_path)
+    said = capfd.readouterr().err.splitlines()   # no terminal here: a line before, and one as each run ends
+    assert said[0].startswith("runs: computing 2 of 2 runs (0 from the archive or cache), about ")
+    assert said[1].startswith("runs: 1 of 2 done, about ") and said[2].startswith("runs: 2 of 2 done in ")
     for config, h in zip(configs, parallel):
         assert h.config == config.to_dict()
         assert _numbers(h) == _numbers(run(config, use_cache=False, progress=False))
