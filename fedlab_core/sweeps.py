@@ -215,18 +215,24 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
     with bar, ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=end_with_parent,
                                   initargs=(os.getpid(),)) as pool:
         flying = {}
-        while queue or flying:
-            while queue and len(flying) < workers and time.time() < deadline:
-                i = queue.pop(0)
-                flying[pool.submit(_run_one_thread, configs[i], run_kwargs)] = i
-                report.start(i)
-            if not flying:
-                raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(queue)} of {len(configs)} runs "
-                                  f"of this sweep left; the finished ones are stored, so the same command continues")
-            done, _ = wait(flying, return_when=FIRST_COMPLETED)
-            for future in done:
-                i = flying.pop(future)
-                results[i] = future.result()
-                report.finish(i)
-                bar.update(1)
+        try:
+            while queue or flying:
+                while queue and len(flying) < workers and time.time() < deadline:
+                    i = queue.pop(0)
+                    flying[pool.submit(_run_one_thread, configs[i], run_kwargs)] = i
+                    report.start(i)
+                if not flying:
+                    raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(queue)} of {len(configs)} "
+                                      "runs of this sweep left; the finished ones are stored, so the same command "
+                                      "continues")
+                done, _ = wait(flying, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = flying.pop(future)
+                    results[i] = future.result()
+                    report.finish(i)
+                    bar.update(1)
+        except KeyboardInterrupt:   # interrupted (SIGINT, a notebook's stop button): the runs in flight end now,
+            for process in list(pool._processes.values()):   # not when they would have finished (the pool's own
+                process.terminate()                          # shutdown waits for them)
+            raise
     return results

@@ -138,7 +138,7 @@ def _workers_end_with_their_parent(tmp_path, source: str, sig: int, *args: str) 
     workers = [int(p) for p in pids.read_text().split()]
     assert len(workers) == 2 and all(_alive(p) for p in workers)
     proc.send_signal(sig)
-    proc.wait()
+    proc.wait(timeout=30)   # the parent ends promptly, without waiting for its runs
     deadline = time.time() + 10
     while any(_alive(p) for p in workers) and time.time() < deadline:
         time.sleep(0.05)
@@ -167,6 +167,12 @@ def test_a_sweeps_workers_end_when_it_is_terminated(tmp_path):
     # SIGTERM, as a notebook server or a job scheduler stops a chapter (a SIGKILL takes the same path: the parent
     # dies and the workers' watcher ends them)
     _workers_end_with_their_parent(tmp_path, TERMINATED_SWEEP, signal.SIGTERM, str(tmp_path / "cache"))
+
+
+def test_a_sweeps_workers_end_when_it_is_interrupted(tmp_path):
+    # SIGINT to the sweep alone (a notebook's interrupt button, `kill -INT`): the runs in flight end with it, not
+    # when they would have finished
+    _workers_end_with_their_parent(tmp_path, TERMINATED_SWEEP, signal.SIGINT, str(tmp_path / "cache"))
 
 
 def test_default_workers_every_core_on_a_cpu_one_on_a_gpu():
