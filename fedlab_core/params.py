@@ -201,7 +201,8 @@ def check(owner: str, fn: Callable, params: Mapping[str, Any], constraints: Mapp
 
     Raises
     ------
-    ValueError : ``"<field>: <owner> has no parameter 'x'; it accepts: ..."`` or
+    ValueError : ``"<field>: <owner> has no parameter 'x'; it accepts: ..."`` (``"... takes no parameters; got 'x'"``
+        where it takes none) or
         ``"<field>: <owner> parameter 'x' must be <what is allowed>; got <value>"``.
     """
     names, hints = _declared(fn)
@@ -211,7 +212,8 @@ def check(owner: str, fn: Callable, params: Mapping[str, Any], constraints: Mapp
         raise ValueError(f"{field or owner}: must be a mapping of parameter names to values; got {params!r}")
     unknown = sorted(set(params) - set(accepted), key=str)
     if unknown:
-        raise ValueError(f"{prefix} has no parameter {unknown[0]!r}; it accepts: {', '.join(accepted) or 'none'}")
+        raise ValueError(f"{prefix} has no parameter {unknown[0]!r}; it accepts: {', '.join(accepted)}" if accepted
+                         else f"{prefix} takes no parameters; got {unknown[0]!r}")
     return {name: check_value(f"{prefix} parameter {name!r}", value, hints.get(name, Any), constraints.get(name))
             for name, value in params.items()}
 

@@ -341,6 +341,12 @@ def difference_text(mean: float, low: float | None, high: float | None, seeds: i
     return f"d = {scale * mean:+.{digits}f}{unit}{interval} ({seeds} seed{'s' if seeds != 1 else ''})"
 
 
+def mean_std(mean: float, std: float, spec: str = ".3f", std_spec: str | None = None) -> str:
+    """``"0.741 ± 0.017"``, the book's mean ± standard deviation, with no-break spaces (U+00A0) around the ±:
+    a table cell wraps before or after it, never inside it. `std_spec` defaults to `spec`."""
+    return f"{mean:{spec}}\u00a0±\u00a0{std:{std_spec or spec}}"
+
+
 def _undecided(n: int, converged: bool, required: bool = True) -> str:
     """The reason a claim cannot be decided before its interval is looked at ("" when it can)."""
     if required and n < MIN_SEEDS:
@@ -736,9 +742,10 @@ def truncated(h: "History", last_round: int) -> "History":
 
 def convergence_curve(h: "History", metric: str = "mean_client_accuracy") -> dict[int, float]:
     """The curve the plateau test reads for a run judged on `metric`: the clients' validation accuracy
-    (:data:`VALIDATION`) when the run monitors a validation share and is judged on the clients' accuracy, so
-    the test set never decides convergence; else `metric`'s own curve."""
-    if metric == "mean_client_accuracy" and any(r.get("client_validation_accuracy") for r in h.rounds):
+    (:data:`VALIDATION`) when the run monitors a validation share and is judged on an accuracy (the clients' or
+    the global model's), so the test set never decides convergence; else `metric`'s own curve."""
+    if metric in ("mean_client_accuracy", "global_accuracy") and any(r.get("client_validation_accuracy")
+                                                                     for r in h.rounds):
         return curve(h, VALIDATION)
     return curve(h, metric)
 
@@ -789,6 +796,26 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
                      "converged": n_conv, "seeds": len(groups[name]),
                      "beats the next?": step.label if step else "—", "by": step.evidence if step else "—"})
     return pd.DataFrame(rows), steps
+
+
+def ranking_view(table: "pd.DataFrame") -> "pd.DataFrame":
+    """:func:`ranking`'s table as a page shows it, in four columns that fit a phone: the rank; the method, with
+    how many of its runs converged where not all did ("FedProx (3 of 5 converged)"); its mean with the 95%
+    interval, unbroken, in brackets; the verdict on its step with the evidence ("inconclusive: d = ...")."""
+    import pandas as pd
+
+    def score(row) -> str:
+        if math.isnan(row["mean"]):
+            return "—"
+        interval = "" if math.isnan(row["low"]) else f" [{row['low']:.3f},\u00a0{row['high']:.3f}]"
+        return f"{row['mean']:.3f}{interval}"
+
+    return pd.DataFrame({"rank": table["rank"],
+                         "method": [m if c == n else f"{m} ({c} of {n} converged)"
+                                    for m, c, n in zip(table["method"], table["converged"], table["seeds"])],
+                         "mean [95% interval]": [score(row) for _, row in table.iterrows()],
+                         "beats the next?": [label if by == "—" else f"{label}: {by}"
+                                             for label, by in zip(table["beats the next?"], table["by"])]})
 
 
 def ahead_over_rounds(a: Sequence["History"], b: Sequence["History"], claim: str = "",
@@ -1045,7 +1072,7 @@ class Verdicts:
             lines += ["", f"Undecided: {_summary(undecided)}."]
         return "\n".join(lines)
 
-    def curves(self, metric: str = "mean_client_accuracy", ncols: int = 3, names: tuple[str, str] = ("A", "B")):
+    def curves(self, metric: str = "mean_client_accuracy", ncols: int = 2, names: tuple[str, str] = ("A", "B")):
         """The accuracy curves behind every verdict judged on training runs: one panel per verdict, the claimed
         better side (solid) and the other (dashed), mean over seeds with a min-max band (where runs stopped at
         different rounds: over the seeds evaluated at that round); the panel's title is the claim and its
@@ -1055,12 +1082,14 @@ class Verdicts:
         import matplotlib.pyplot as plt
         import pandas as pd
 
+        from .viz import COLUMN
+
         shown = [(i, v) for i, v in enumerate(self.items, 1) if v.runs]
         if not shown:
             return None
         nrows = -(-len(shown) // ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), layout="constrained",
-                                 squeeze=False)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(min(4.2, COLUMN / ncols) * ncols, 3.0 * nrows),
+                                 layout="constrained", squeeze=False)
         for ax, (i, v) in zip(axes.flat, shown):
             for runs, name, style in zip(v.runs, names, ("-", "--")):
                 # rounds x seeds; a run that stopped once converged leaves NaN after its last round, and the
@@ -1069,7 +1098,7 @@ class Verdicts:
                 (line,) = ax.plot(values.index, values.mean(axis=1), style, marker=".", label=name)
                 ax.fill_between(values.index, values.min(axis=1), values.max(axis=1), color=line.get_color(),
                                 alpha=0.2, linewidth=0)
-            ax.set_title(textwrap.fill(f"{i}. {v.claim}", 44) + f"\n{v.label}", fontsize=8)
+            ax.set_title(textwrap.fill(f"{i}. {v.claim}", 44) + "\n" + textwrap.fill(v.label, 44), fontsize=8)
             ax.set_xlabel("round", fontsize=8)
             ax.xaxis.get_major_locator().set_params(integer=True)
             ax.tick_params(labelsize=7)

@@ -58,6 +58,7 @@ CLI_CASES = [  # (arguments of `run`, a fragment the one-line message must conta
     (["--algorithm", "fedprox", "--algorithm-param", "mu=abc"], "--algorithm-param: 'fedprox' parameter 'mu' must be a number >= 0; got 'abc'"),
     (["--algorithm", "fedprox", "--algorithm-param", "mu=-1"], "--algorithm-param: 'fedprox' parameter 'mu' must be a number >= 0"),
     (["--algorithm", "fedprox", "--algorithm-param", "beta=1"], "--algorithm-param: 'fedprox' has no parameter 'beta'; it accepts: mu"),
+    (["--algorithm", "fedavg", "--algorithm-param", "mu=0.1"], "--algorithm-param: 'fedavg' takes no parameters; got 'mu'"),
     (["--algorithm", "fedprox", "--algorithm-param", "mu"], "--algorithm-param: expected KEY=VALUE, got 'mu'"),
     (["--algorithm", "fedavgm", "--algorithm-param", "server_momentum=abc"], "'fedavgm' parameter 'server_momentum' must be a number in [0, 1)"),
     (["--algorithm", "scaffold", "--algorithm-param", "server_lr=x"], "'scaffold' parameter 'server_lr' must be a number > 0"),

@@ -503,6 +503,9 @@ def test_smoke_report_reads_every_chapters_results_and_writes_them_as_files(smok
         len(report.PAPERS)
     for target in set(re.findall(r'href="(chapters/[a-z_]+\.html)"', landing)):
         assert (html.parent / target).exists(), target
+    # and the report's picture of every judged claim, an image the build wrote
+    images = re.findall(r'<img [^>]*src="(_images/[^"]+\.png)"', landing)
+    assert len(images) == 1 and (html.parent / images[0]).stat().st_size > 10_000, images
 
 
 def test_smoke_head_to_head_headline_numbers(smoke_book):
@@ -609,6 +612,34 @@ def test_quickstart_page_in_headless_chromium(served_html, tmp_path):
     assert (ARTIFACTS / "quickstart.png").stat().st_size > 10_000
 
 
+# where a page's finding starts: the top of the first paragraph of the article that opens with "What we found", in
+# pixels from the top of the page, and the height of the window
+FINDING = """const found = Array.from(document.querySelectorAll('article p'))
+    .find(p => p.textContent.trim().startsWith('What we found'));
+return [found ? found.getBoundingClientRect().top + window.scrollY : null, window.innerHeight];"""
+
+
+def test_every_chapter_shows_its_finding_on_the_first_screen(served_html, smoke_book, tmp_path):
+    driver = _chromium(tmp_path / "profile")
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",   # a 1,280 x 800 laptop screen
+                           {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
+    where = {}
+    try:
+        driver.set_page_load_timeout(60)
+        for stem in book.toc_chapters(smoke_book[0] / "_toc.yml"):
+            if stem not in ("status", "report"):
+                driver.get(f"{served_html}/chapters/{stem}.html")
+                where[stem] = driver.execute_script(FINDING)
+    finally:
+        driver.quit()
+    assert len(where) >= 13, where
+    missing = [stem for stem, (top, _) in where.items() if top is None]
+    assert not missing, f"pages without a 'What we found' paragraph: {missing}"
+    # its first lines show without scrolling (a line is about 26 pixels)
+    low = {stem: round(top) for stem, (top, height) in where.items() if top > height - 3 * 26}
+    assert not low, f"pages whose finding starts below the first screen (pixels from the top): {low}"
+
+
 # every table of a page: how much it sticks out of its column, and the words of its cells that run over two
 # lines without a hyphen to break at (a word broken inside)
 TABLES = """return Array.from(document.querySelectorAll('main table')).map(t => {
@@ -642,6 +673,32 @@ def test_wide_tables_fit_at_laptop_width_without_breaking_a_word(served_html, tm
     assert not [t for t in tables if t["overflow"] > 1], f"tables wider than the column: {tables}"
     assert not [w for t in tables for w in t["broken"]], "words broken inside"
     assert not sideways, f"elements that scroll sideways: {sideways}"
+
+
+# every figure of a page: its file, its width as drawn and its width on the page
+FIGURES = """return Array.from(document.querySelectorAll('main img')).filter(i => i.src.includes('_images'))
+    .map(i => [i.src.split('/').pop(), i.naturalWidth, i.getBoundingClientRect().width]);"""
+
+
+def test_no_figure_is_shrunk_so_far_that_its_smallest_text_falls_under_9_pixels(served_html, smoke_book, tmp_path):
+    from fedlab_core import viz
+
+    smallest = viz.SMALLEST_FONT * viz.DPI / 72   # pixels, as drawn
+    pages = ["intro", *sorted(f"chapters/{p.stem}" for p in (smoke_book[1] / "chapters").glob("*.html"))]
+    driver = _chromium(tmp_path / "profile")   # a window 1280 pixels wide
+    try:
+        driver.set_page_load_timeout(60)
+        shown = {}
+        for page in pages:
+            driver.get(f"{served_html}/{page}.html")
+            shown[page] = driver.execute_script(FIGURES)
+    finally:
+        driver.quit()
+    assert sum(map(len, shown.values())) > 30, shown
+    small = [f"{page}: {name}, {natural} pixels wide, shown at {width:.0f}: its {viz.SMALLEST_FONT}-point text at "
+             f"{smallest * width / natural:.1f} pixels" for page, figures in shown.items()
+             for name, natural, width in figures if smallest * width / natural < 9]
+    assert not small, "figures shrunk below 9-pixel text:\n" + "\n".join(small)
 
 
 def test_lab_pages_typeset_maths_with_no_network_and_offer_their_notebooks(served_html, tmp_path):

@@ -56,9 +56,11 @@ def test_cli_accepts_algorithm_and_augment_names_with_parameters(tmp_path):
     assert doc["config"]["algorithm_params"] == {"mu": 0.1} and doc["config"]["augment_params"] == {"alpha": 0.4}
 
 
-def test_unknown_hyperparameter_names_the_algorithm_and_what_it_accepts():
+def test_unknown_hyperparameter_names_the_algorithm_and_what_it_accepts_or_that_it_takes_none():
     with pytest.raises(ValueError, match="algorithm_params: 'fedprox' has no parameter 'beta'; it accepts: mu"):
         RunConfig(algorithm="fedprox", algorithm_params={"beta": 1})
+    with pytest.raises(ValueError, match="^algorithm_params: 'fedavg' takes no parameters; got 'mu'$"):
+        RunConfig(algorithm="fedavg", algorithm_params={"mu": 0.01})
 
 
 @pytest.mark.parametrize("cls", [*ALGORITHMS.values(), *AUGMENTS.values()], ids=lambda c: c.name)

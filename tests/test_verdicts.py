@@ -420,6 +420,14 @@ def test_a_difference_is_shown_in_the_papers_unit():
     assert verdicts.difference_text(0.5, math.nan, math.nan, 1, "-2 points") == "d = +50.00 points (1 seed)"
 
 
+def test_a_mean_and_its_spread_stay_on_one_line():
+    # no-break spaces around the ±: a narrow table cell wraps around "0.741 ± 0.017", never inside it
+    assert verdicts.mean_std(0.7414, 0.0172) == "0.741\u00a0±\u00a00.017"
+    assert verdicts.mean_std(73.04, 1.66, ".1f") == "73.0\u00a0±\u00a01.7"
+    assert verdicts.mean_std(0.7414, 0.0172, ".3g", ".2g") == "0.741\u00a0±\u00a00.017"
+    assert " " not in verdicts.mean_std(12345.6, 789.1, ",.0f")
+
+
 # ------------------------------------------------------------------------------ rankings
 
 def _flat(seed, level, rounds=12):
@@ -446,6 +454,13 @@ def test_a_ranking_orders_by_score_and_judges_every_step_by_the_rule():
     assert row["mean"] == pytest.approx(0.802) and row["low"] < row["mean"] < row["high"]
     big, _ = verdicts.ranking({"a": [_flat(s, 0.9) for s in seeds], "b": [_flat(s, 0.5) for s in seeds]})
     assert _[0].label == "held" and _[0].claim == "a beats b"
+    # as a page shows it: four columns, the interval and the converged runs beside the numbers, not touching them
+    view = verdicts.ranking_view(table)
+    assert list(view.columns) == ["rank", "method", "mean [95% interval]", "beats the next?"]
+    assert list(view["method"]) == ["high", "near high", "rising (0 of 5 converged)", "low"]
+    assert view["mean [95% interval]"].iloc[0] == f"0.802 [{row['low']:.3f},\u00a0{row['high']:.3f}]"
+    assert view["beats the next?"].iloc[0] == f"not held (no difference): {steps[0].evidence}"
+    assert view["beats the next?"].iloc[-1] == "—"
 
 
 def test_a_ranking_puts_a_diverged_method_last_and_gives_one_seed_no_interval():
@@ -454,6 +469,7 @@ def test_a_ranking_puts_a_diverged_method_last_and_gives_one_seed_no_interval():
     table, steps = verdicts.ranking(one)
     assert list(table["method"]) == ["better", "ok", "diverged"]
     assert math.isnan(table["low"].iloc[0]) and "fewer than 5 seeds" in steps[0].label
+    assert list(verdicts.ranking_view(table)["mean [95% interval]"]) == ["0.900", "0.700", "—"]   # no interval
 
 
 def test_a_results_table_marks_a_cell_whose_runs_did_not_all_converge():
@@ -470,7 +486,7 @@ def test_a_results_table_marks_a_cell_whose_runs_did_not_all_converge():
                          ("b", "s"): [run_of(0, flat), run_of(1, rising)]})
     assert list(summary["converged"]) == [2, 1] and list(summary["seeds"]) == [2, 2]
     marked = mean_std_table(summary, "mean_client_accuracy", ["a", "b"], ["s"], mark_unconverged=True)
-    assert marked.loc["a", "s"] == "0.700 ± 0.000" and marked.loc["b", "s"].endswith(" " + UNCONVERGED_MARK)
+    assert marked.loc["a", "s"] == verdicts.mean_std(0.7, 0.0) and marked.loc["b", "s"].endswith(" " + UNCONVERGED_MARK)
     assert UNCONVERGED_MARK not in mean_std_table(summary, "mean_client_accuracy", ["a", "b"], ["s"]).loc["b", "s"]
 
 
