@@ -79,6 +79,7 @@ bench: env data  ## speed measurements (ratios, not tests)
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/augment_overhead.py
 	$(PY) benchmarks/fraug_overhead.py
+	$(PY) benchmarks/batched.py
 
 lab: labs data  ## JupyterLab (installed with nbgrader) with this environment as the kernel: labs/release, notebooks/
 	$(PY) -m ipykernel install --sys-prefix --name fedlab --display-name "Python (fedlab)"

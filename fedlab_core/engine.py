@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm  # the plain bar: no widget dependency, silent when not on a terminal
 
+from . import batched
 from .algorithms.base import Algorithm, ClientsFailedError, Message, NonFiniteLossError
 from .augment.base import Augment
 from .data.federation import Federation
@@ -91,13 +92,17 @@ class Simulation:
         ``"validation_accuracy"``) have passed the plateau test at `patience` evaluations in a row
         (:func:`fedlab_core.convergence.stop_round`); `num_rounds` is then the cap. A method without a global
         model never stops on the global accuracy.
+    executor : how a round's clients train: ``"loop"``, one local update after another (on the workers), or
+        ``"batched"``, all together in this process as one vectorised program (:mod:`fedlab_core.batched`;
+        the same maths, other floats). A run the batched executor cannot train (:func:`batched.unsupported`)
+        trains in the loop, and says so once in a logged warning.
     """
 
     def __init__(self, algorithm: Algorithm, federation: Federation, model: torch.nn.Module, *, seed: int,
                  num_rounds: int, fraction: float = 1.0, clients_per_round: int = 0, eval_every: int = 1,
                  eval_batch_size: int = 1024, augment: Augment | None = None, progress: bool | None = None,
                  workers: int = 1, stop_at_plateau: bool = False, plateau_metric: str = "mean_client_accuracy",
-                 patience: int = 1):
+                 patience: int = 1, executor: str = "loop"):
         self.algorithm, self.federation, self.model = algorithm, federation, model
         self.stop_at_plateau, self.plateau_metric, self.patience = stop_at_plateau, plateau_metric, patience
         self.seed, self.num_rounds = seed, num_rounds
@@ -114,6 +119,13 @@ class Simulation:
         self.algorithm.check_model(model)
         algorithm.augment = None if type(self.augment) is Augment else self.augment
         algorithm.num_rounds = num_rounds
+        if executor not in ("loop", "batched"):
+            raise ValueError(f"executor: unknown value {executor!r}; allowed: loop, batched")
+        self.executor = executor
+        why = batched.unsupported(algorithm, model) if executor == "batched" else None
+        if why is not None:
+            log.warning("executor: 'batched' cannot train this run (%s), so its clients train in the loop", why)
+        self.batched = executor == "batched" and why is None
 
     # ------------------------------------------------------------------ state
 
@@ -168,9 +180,14 @@ class Simulation:
         selected = self.sample(r)
         messages = [self.algorithm.server_message(state.server, cid) for cid in selected]  # in ascending id order
         bytes_down = sum(m.nbytes for m in messages)
-        results = self._map(_train_client, [(r, cid, m, state.clients[cid]) for cid, m in zip(selected, messages)],
-                            lambda i: f"training client {selected[i]} in round {r}",
-                            [self.federation.clients[cid].num_train for cid in selected])
+        if self.batched:  # each client on its own stream for the round, as in _train_client
+            results = batched.local_updates(self.algorithm, [
+                (self.federation.clients[cid], m, state.clients[cid], client_generator(self.seed, r, cid))
+                for cid, m in zip(selected, messages)])
+        else:
+            results = self._map(_train_client, [(r, cid, m, state.clients[cid]) for cid, m in zip(selected, messages)],
+                                lambda i: f"training client {selected[i]} in round {r}",
+                                [self.federation.clients[cid].num_train for cid in selected])
         for cid, (ok, value) in zip(selected, results):  # handled in id order, as if run one after another
             if not ok:
                 if isinstance(value, NonFiniteLossError):
@@ -229,7 +246,7 @@ class Simulation:
         """Run the remaining rounds; `on_round_end(state)` is called after each (checkpointing). `until`: stop
         after that round (the first rounds of the same run, e.g. to verify a stored run).
 
-        With ``workers`` > 1 the worker pool is forked once the set-up is done and closed when the rounds
+        With ``workers`` > 1 the worker pool is started once the set-up is done and closed when the rounds
         end (or fail).
         """
         state = self.initial_state() if state is None else self.resume_state(state)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from .kernels import deterministic
 from .runs import one_thread, trained
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
         raise ValueError(f"fraction: must be in (0, 1), got {fraction}")
     sim, state = trained(config.replace(algorithm="single", validation_monitor=1 - fraction), device=device)
     algo, rows = sim.algorithm, []
-    with one_thread():
+    with one_thread(), deterministic(sim.federation.x_test.device):   # as the run itself computed
         for c in sim.federation.clients:
             x_all, y_all = torch.cat([c.x_train, c.x_val]), torch.cat([c.y_train, c.y_val])
             algo.shared.set(state.clients[c.cid]["model"])

@@ -23,14 +23,21 @@ shows it and the archive refuses the run: :func:`check_pinned`). Every run recor
 :func:`signature` in its meta; two machines with the same signature compute the same numbers, and
 :func:`fedlab_core.verification.verify` fails on any difference there. A CPU the pins cannot reach (another
 architecture, no AVX2) has another signature: verification there reports the largest difference instead.
+
+On a CUDA device, :func:`deterministic` holds a run to deterministic kernels (PyTorch's deterministic algorithms,
+cuDNN's deterministic convolutions without autotuning, and cuBLAS's fixed workspace, which :func:`pin` sets before
+cuBLAS starts), so two runs of one config on one GPU give the same numbers; a CUDA run records them in its meta
+(:func:`cuda_determinism`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import platform
 from pathlib import Path
+from typing import Iterator
 
 # what each library is held to on an x86-64 CPU with AVX2 and FMA (every such CPU runs these kernels alike)
 PINS = {
@@ -46,6 +53,8 @@ FLAGS_THAT_MATTER = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "
 # the canary's digest under the pins, on any x86-64 CPU with AVX2 (measured natively on Intel with AVX-512 and
 # AMX, and on an emulated Haswell, without AVX-512)
 PINNED_CANARY = "bc211e952aa0"
+# cuBLAS's workspace under which its matrix products are deterministic, read once when cuBLAS starts
+CUBLAS_WORKSPACE = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def _cpuinfo(field: str) -> str | None:
@@ -78,7 +87,9 @@ def pin() -> None:
     """Hold every library to the kernels of :data:`PINS`, whatever the environment asked for, where the CPU
     allows it (elsewhere nothing is set: the kernels stay the libraries' own, and :func:`signature` says so).
     It must run before the libraries' first kernel (``import fedlab_core`` does it first); the variables are
-    inherited by every process started from this one."""
+    inherited by every process started from this one. It also sets cuBLAS's :data:`CUBLAS_WORKSPACE`, unless the
+    environment holds one (":16:8" is deterministic too), for :func:`deterministic`."""
+    os.environ.setdefault(*CUBLAS_WORKSPACE)
     if pinnable():
         os.environ.update(PINS)
 
@@ -153,6 +164,41 @@ def signature() -> dict[str, object]:
     return {"arch": platform.machine(), "flags": [f for f in FLAGS_THAT_MATTER if f in flags],
             "isa": torch.backends.cpu.get_cpu_capability(), "pins": dict(PINS) if pinned else None,
             "canary": canary()}
+
+
+def cuda_determinism() -> dict[str, object]:
+    """The settings in force that decide whether CUDA computes the same floats twice (a CUDA run's meta records
+    them): PyTorch's deterministic algorithms, cuDNN's deterministic mode and autotuning, cuBLAS's workspace."""
+    import torch
+
+    return {"algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cublas_workspace": os.environ.get(CUBLAS_WORKSPACE[0])}
+
+
+@contextlib.contextmanager
+def deterministic(device) -> Iterator[None]:
+    """On a CUDA `device`, deterministic kernels inside the block (the caller's settings restored after): PyTorch's
+    deterministic algorithms (an operation that has none raises, naming itself), cuDNN's deterministic
+    convolutions, and no cuDNN autotuning (it picks kernels by timing them). On any other device nothing changes:
+    the deterministic algorithms would replace some CPU kernels (an accumulating ``index_put_``, for one), and a
+    CPU run's kernels are pinned already (:func:`pin`)."""
+    import torch
+
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              cudnn.deterministic, cudnn.benchmark)
+    torch.use_deterministic_algorithms(True)
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        cudnn.deterministic, cudnn.benchmark = before[2], before[3]
 
 
 def describe(sig: dict[str, object] | None) -> str:

@@ -10,14 +10,23 @@ returns the result. What a local update may depend on is therefore only what the
 the message, the client state, the client's data and its random stream, and the algorithm's settings
 and initialisation; a test runs every method both ways and compares the numbers.
 
+PyTorch refuses every backward pass in a process forked after autograd started threads of its own ("Unable
+to handle autograd's threading in combination with fork-based multiprocessing"): it does at the first backward
+pass on a machine with a GPU (one thread per GPU, whatever device the pass ran on, e.g. after training on CUDA)
+and at a backward pass nested deep in another (a thread for the deeper ones). So the pool forks only when a
+child forked now can run a backward pass (:func:`fork_is_safe`); else it spawns its workers, fresh interpreters
+that receive the simulation as ``torch.save``'s bytes (its tensors with their views and layouts; a copy per
+worker instead of shared pages, and a few seconds to start).
+
 Every task runs with one thread in whichever process runs it (the engine sets one thread for the whole
-run), so a run's numbers never depend on the number of workers. A worker that dies stops the run with
-a :class:`WorkerDiedError` naming the client and round; the workers never outlive the pool (they end
-with it, and with their parent if it is killed).
+run), so a run's numbers never depend on the number of workers, nor on how they were started. A worker that
+dies stops the run with a :class:`WorkerDiedError` naming the client and round; the workers never outlive the
+pool (they end with it, and with their parent if it is killed).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import io
 import multiprocessing as mp
@@ -25,8 +34,10 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
+import types
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
@@ -63,6 +74,46 @@ def end_with_parent(parent: int, every: float = 0.5) -> None:
             time.sleep(every)
         os._exit(0)
     threading.Thread(target=watch, daemon=True, name="end-with-parent").start()
+
+
+def fork_is_safe() -> bool:
+    """Whether a process forked from this one now can run a backward pass (see the module): nothing tells whether
+    autograd has started its threads here, so a child forked for the purpose tries one, and exits saying."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            torch.ones(1, requires_grad=True).sum().backward()
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+class _Saved:
+    """An object as ``torch.save``'s bytes, for a spawned worker: its tensors arrive with their views, strides
+    and dtypes as they were (plain pickling copies each view of a tensor on its own)."""
+
+    def __init__(self, obj: Any):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        self.data = buffer.getvalue()
+
+    def load(self) -> Any:
+        return torch.load(io.BytesIO(self.data), weights_only=False)  # this process's own bytes
+
+
+@contextlib.contextmanager
+def _main_unseen():
+    """Inside the block a spawned process is not told of this one's main module, so it does not run the script
+    again (which a script without Python's ``if __name__ == "__main__":`` guard does not survive): a worker needs
+    only this library."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 class _Channel:
@@ -151,6 +202,8 @@ def _serve(state: Any, conn: Connection, inherited: Sequence[Connection], parent
     end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the pool
     torch.set_num_threads(1)
+    if isinstance(state, _Saved):  # a spawned worker
+        state = state.load()
     channel = _Channel(conn)
     tasks: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -179,9 +232,10 @@ def _serve(state: Any, conn: Connection, inherited: Sequence[Connection], parent
 
 
 class WorkerPool:
-    """`workers` processes forked now, each holding a copy of `state` (e.g. the simulation).
+    """`workers` processes started now, each holding a copy of `state` (e.g. the simulation): forked, or spawned
+    where a forked one could not train (see the module).
 
-    Use as a context manager; :meth:`map` runs tasks on them. Linux (fork) only.
+    Use as a context manager; :meth:`map` runs tasks on them. Linux only.
     """
 
     SHARES = 4  # a chunk holds at most a SHARES-th of a worker's share of the remaining tasks
@@ -194,7 +248,14 @@ class WorkerPool:
         # workers inherit it instead of each paying for it again in every pool.
         import torch._dynamo  # noqa: F401
 
-        ctx = mp.get_context("fork")
+        fork = fork_is_safe()
+        ctx = mp.get_context("fork" if fork else "spawn")
+        try:
+            sent = state if fork else _Saved(state)
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            raise RuntimeError(f"workers: autograd has started threads in this process (as after training on a GPU), "
+                               f"so no worker can be forked, and the simulation cannot be sent to spawned ones "
+                               f"({str(err).splitlines()[0]}); use workers=1") from None
         self.conns: list[Connection] = []
         self.channels: list[_Channel] = []
         self.procs: list[mp.process.BaseProcess] = []
@@ -202,9 +263,11 @@ class WorkerPool:
         try:
             for i in range(workers):
                 parent_end, child_end = ctx.Pipe()
+                inherited = [*self.conns, parent_end] if fork else []  # a spawned worker inherits no pipe
                 proc = ctx.Process(target=_serve, name=f"fedlab-worker-{i}", daemon=True,
-                                   args=(state, child_end, [*self.conns, parent_end], os.getpid(), self.progress[i]))
-                proc.start()
+                                   args=(sent, child_end, inherited, os.getpid(), self.progress[i]))
+                with contextlib.nullcontext() if fork else _main_unseen():
+                    proc.start()
                 child_end.close()
                 self.conns.append(parent_end)
                 self.channels.append(_Channel(parent_end))

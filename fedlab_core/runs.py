@@ -28,7 +28,7 @@ from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .convergence import VALIDATION
 from .engine import INIT, Simulation, SimulationState, derive_seed
-from .kernels import cpu_model, signature
+from .kernels import cpu_model, cuda_determinism, deterministic, signature
 from .models import MODELS, build_model, meta_model
 from .parallel import available_cores
 from .params import OneOf, Range, check_value
@@ -50,6 +50,11 @@ class RunConfig:
 
     Construction validates every field and raises one ``ValueError`` naming the field and what is
     allowed, before any data is loaded or any cache is touched.
+
+    ``executor`` is part of the config because the floats differ: the batched executor
+    (:mod:`fedlab_core.batched`) computes the loop's maths in another order. It is "loop" by default on
+    every device for now; once it is measured on a GPU, "batched" is to become the CUDA default for the
+    methods it supports.
     """
 
     # what is trained
@@ -85,6 +90,8 @@ class RunConfig:
     momentum: float | None = None                   # local SGD momentum
     weight_decay: float | None = None               # local L2 penalty
     train_transform: str | None = None              # "flip_rotate": random flips and rotations of training images
+    # how a round's clients are computed
+    executor: str = "loop"                          # "loop" (clients one by one) or "batched" (vectorised together; other floats)
     # evaluation and randomness
     eval_every: int = 1                             # evaluate every this many rounds (and after the last)
     stop_at_plateau: bool = False                   # stop once the accuracy curve has converged (num_rounds: the cap)
@@ -142,6 +149,7 @@ FIELD_CONSTRAINTS = {
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
     "eval_every": Range(1), "seed": Range(0), "train_transform": OneOf(*TRAIN_TRANSFORMS),
     "plateau_metric": OneOf("mean_client_accuracy", "global_accuracy", VALIDATION), "patience": Range(1, 100),
+    "executor": OneOf("loop", "batched"),
 }
 
 
@@ -295,7 +303,7 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
                       fraction=config.fraction, clients_per_round=config.clients_per_round,
                       eval_every=config.eval_every, augment=augment, progress=progress, workers=workers,
                       stop_at_plateau=config.stop_at_plateau, plateau_metric=config.plateau_metric,
-                      patience=config.patience)
+                      patience=config.patience, executor=config.executor)
 
 
 def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bool = True,
@@ -343,7 +351,7 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
             return found
         check_writable(folder, "cache_dir" if cache_dir is not None else
                        "FEDLAB_CACHE_DIR" if os.environ.get("FEDLAB_CACHE_DIR") else "the default cache folder")
-    with one_thread():
+    with one_thread(), deterministic(device):
         history = _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
                        progress, keep_state, on_diverge)
     if use_cache:
@@ -354,7 +362,9 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
 def stored(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",
            keep_state: bool = False) -> History | None:
     """The run's result if the archive or the cache holds it (with its final state, for `keep_state`), else
-    None; nothing is computed. A result found in the cache is added to the archive when writing to it is on."""
+    None; nothing is computed. The archive's entry may have been computed on the other type of device (its meta
+    says which: :meth:`~fedlab_core.store.Archive.key_of`); the cache's are this device type's. A result found in
+    the cache is added to the archive when writing to it is on."""
     device = resolve_device(device)
     archived = Archive().get(config, device, with_state=keep_state)
     if archived is not None:
@@ -401,7 +411,7 @@ def rerun(history: History, rounds: int | None = None, workers: int | None = Non
     :func:`fedlab_core.verification.verify` compares with the stored rows. `workers` as for :func:`run`."""
     config = RunConfig(**history.config)
     device = resolve_device(history.meta.get("device", "cpu"))
-    with one_thread():
+    with one_thread(), deterministic(device):
         state = build(config, device, progress=False, workers=resolve_workers(workers, device)).run(until=rounds)
     return state.rows
 
@@ -455,6 +465,7 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "data_checksum": fed.data_checksum, "split_hash": fed.split_hash(), "threads": torch.get_num_threads(),
               "versions": library_versions(), "cpu": cpu_model(),
               "kernels": signature() if device.type == "cpu" else None,
+              "deterministic": cuda_determinism() if device.type == "cuda" else None,
               # the final models' input check, read by the verdicts' degeneracy guard (a model blind to its images)
               "unchanged_under_noise": input_dependence(sim, state) if diverged is None and rows else None},
     )

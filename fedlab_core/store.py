@@ -9,11 +9,12 @@ tensors, read as data only):
 - the **archive** (:class:`Archive`, ``book/runs/`` in the repository): the runs behind the book, keyed by
   :func:`archive_key`, a hash of the config, the device type and PyTorch's version but *not* of the code,
   each entry recording the code version and the kernels (:func:`fedlab_core.kernels.signature`) that computed
-  it, gzipped. A run found there is read, not recomputed;
+  it, gzipped. A run found there is read, not recomputed, whatever device would compute it now (a run computed
+  on a CPU is read on a GPU, and one computed on a GPU on a CPU: :meth:`Archive.key_of`);
 - :func:`fedlab_core.verification.verify` re-runs the first rounds of one archived run per distinct algorithm,
   augmentation, dataset, model and partition scheme (or every run in full) and requires its per-round numbers to
   be bit-identical to the stored ones, so a change of the library that moves numbers cannot leave the archive
-  silently stale.
+  silently stale (on the type of device that computed each: elsewhere it reports the run as not checkable).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ log = logging.getLogger("fedlab_core")
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE_DIR = ROOT / "book" / "runs"
 REFERENCES = "pinned"    # the archive's subfolder of reference runs (Archive.references)
+DEVICE_TYPES = ("cpu", "cuda")   # the devices whose runs the archive holds, each read on the other too
 
 
 @dataclass
@@ -268,8 +270,8 @@ class Archive:
     and ``<key>.final`` for the few runs whose final state a figure needs (read as data only).
 
     Writing is switched on by ``FEDLAB_ARCHIVE=write`` in the environment (the book's ``book`` profile
-    sets it); reading is always on, so any run of a config the archive holds is read, not recomputed. The
-    folder is ``book/runs/`` of the checkout, or ``$FEDLAB_ARCHIVE_DIR``.
+    sets it); reading is always on, so any run of a config the archive holds is read, not recomputed, on either
+    type of device (:meth:`key_of`). The folder is ``book/runs/`` of the checkout, or ``$FEDLAB_ARCHIVE_DIR``.
 
     ``pinned/`` beside the entries holds *references* (:meth:`references`): runs recomputed with the pinned
     kernels whose configs the archive also holds as computed before the pins. The book reads the archive's
@@ -299,20 +301,33 @@ class Archive:
         text = json.dumps(_finite(doc), sort_keys=True).encode()
         _atomic_write(path, lambda f: f.write(gzip.compress(text, compresslevel=9, mtime=0)))
 
+    def key_of(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> str | None:
+        """The key of this run's entry (only if `with_state`, one whose final state is archived too): the entry
+        computed on `device`'s type, else the one computed on the other type of :data:`DEVICE_TYPES` (a CPU's
+        on a GPU, a GPU's on a CPU), so the book reads its runs wherever it is built, each history's meta saying
+        where it was computed; None when there is neither."""
+        for kind in sorted(DEVICE_TYPES, key=lambda kind: kind != device.type):
+            result, final = self.paths(archive_key(config, kind))
+            if result.exists() and (final.exists() or not with_state):
+                return archive_key(config, kind)
+        return None
+
     def get(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> History | None:
-        """The archived result of this run (and only if `with_state`, when its final state is archived too)."""
-        result, final = self.paths(archive_key(config, device))
-        if not result.exists() or (with_state and not final.exists()):
+        """The archived result of this run (and only if `with_state`, when its final state is archived too),
+        computed on `device`'s type or else on the other (:meth:`key_of`)."""
+        key = self.key_of(config, device, with_state)
+        if key is None:
             return None
+        result = self.paths(key)[0]
         history = History(**self.read(result))
         if {**_defaults(config), **history.config} != _plain(config.to_dict()):
             raise ValueError(f"{result}: the archive entry holds another run's config; the archive is damaged")
         return history
 
     def state(self, config: "RunConfig", device: torch.device) -> SimulationState | None:
-        """The archived final state of this run, or None."""
-        key = archive_key(config, device)
-        return _read_state(self.paths(key)[1], key, device)
+        """The archived final state of this run (:meth:`key_of`), on `device`, or None."""
+        key = self.key_of(config, device, with_state=True)
+        return None if key is None else _read_state(self.paths(key)[1], key, device)
 
     def add(self, history: History, config: "RunConfig", device: torch.device,
             state: SimulationState | None = None) -> Path:

@@ -7,6 +7,8 @@ this process computes with the kernels that computed a run (the same :func:`fedl
 canary: on every x86-64 CPU with AVX2, once pinned), any difference fails, naming the run and the round. Where
 the kernels differ (another architecture, a CPU without AVX2, a run computed before the kernels were pinned),
 floats may differ for that reason alone: the check reports the largest difference, and why, without failing.
+A run is re-run only on the type of device that computed it: one computed on a GPU, on a machine without one, is
+reported in one line as not checkable here (:func:`checkable`).
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .kernels import describe, signature
+from .parallel import fork_is_safe
 from .runs import rerun as rerun_run
+from .runs import resolve_device
 from .store import REFERENCES, Archive, History, _plain, code_version
 
 
@@ -35,12 +39,16 @@ class Check:
     largest_difference: float = 0.0           # over every number compared
     same_kernels: bool = True                 # computed with the kernels this process computes with
     computed_with: str = ""                   # the run's kernels, in words, when they are not these
+    unavailable: str = ""                     # the device type that computed it, when this machine has none
 
     @property
     def ok(self) -> bool:
         return self.first_difference is None or not self.same_kernels
 
     def __str__(self) -> str:
+        if self.unavailable:
+            return (f"{self.key} ({self.label}): not checkable on this machine, which has no {self.unavailable} "
+                    f"device (the run was computed on one); not re-run")
         if self.first_difference is None:
             return f"{self.key} ({self.label}): rounds 1-{self.rounds} bit-identical"
         where = f"differs from round {self.first_difference} (largest difference {self.largest_difference:.3g})"
@@ -83,6 +91,20 @@ def group_of(history: History) -> tuple[str, ...]:
     return (c["algorithm"], c["augment"], c["dataset"], c["model"], c["partition"])
 
 
+def label(history: History) -> str:
+    """The run in a few words, for a check's line: its :func:`group_of` and its seed."""
+    return " / ".join(group_of(history)) + f", seed {history.config['seed']}"
+
+
+def checkable(history: History) -> bool:
+    """Whether this machine has the type of device that computed the run, the only one it is re-run on."""
+    try:
+        resolve_device(history.meta.get("device", "cpu"))
+    except ValueError:
+        return False
+    return True
+
+
 def same_kernels(history: History) -> bool:
     """Whether this process computes with the kernels that computed the run (a GPU run: the same device type)."""
     if history.meta.get("device", "cpu") != "cpu":
@@ -121,10 +143,10 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
 
     archive = archive or Archive()
     entries = list(archive.entries()) + [(f"{REFERENCES}/{key}", h) for key, h in archive.references()]
-    if not every:  # per group, a run these kernels can verify strictly first, then the cheapest
+    if not every:  # per group, a run this machine can re-run and these kernels verify strictly first, then the cheapest
         chosen: dict[tuple, tuple[str, History]] = {}
-        for key, h in sorted(entries, key=lambda kh: (same_kernels(kh[1]), -(kh[1].meta.get("seconds") or 0.0)
-                                                      / max(len(kh[1].rounds), 1))):
+        for key, h in sorted(entries, key=lambda kh: (checkable(kh[1]), same_kernels(kh[1]),
+                                                      -(kh[1].meta.get("seconds") or 0.0) / max(len(kh[1].rounds), 1))):
             chosen[group_of(h)] = (key, h)
         entries = sorted(chosen.values(), key=lambda kh: kh[0])
     version = code_version()
@@ -135,6 +157,9 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
             where = (record.pop("key_"), record.pop("rounds_"), record.pop("code"))
             done[where] = Check(**record)
     planned = [(key, h, len(h.rounds) if rounds is None else min(rounds, len(h.rounds))) for key, h in entries]
+    for key, h, k in planned:  # computed on a device this machine lacks: reported, neither re-run nor journaled
+        if not checkable(h):
+            done.setdefault((key, k, version), Check(key, label(h), k, unavailable=h.meta["device"]))
     # the longest first (by the run's own seconds per round), so that no long run is left for the end
     todo = sorted(((key, h, k) for key, h, k in planned if (key, k, version) not in done),
                   key=lambda t: -(t[1].meta.get("seconds") or 0.0) / max(len(t[1].rounds), 1) * t[2])
@@ -142,7 +167,8 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
         if workers > 1 and len(todo) > 1:
             import multiprocessing
 
-            pool = stack.enter_context(multiprocessing.get_context("fork").Pool(min(workers, len(todo))))
+            method = "fork" if fork_is_safe() else "spawn"  # see fedlab_core.parallel
+            pool = stack.enter_context(multiprocessing.get_context(method).Pool(min(workers, len(todo))))
             fresh = pool.imap_unordered(functools.partial(_rerun_one, rerun), [(i, h, k) for i, (_, h, k) in enumerate(todo)])
         else:
             fresh = ((i, rerun(h, k)) for i, (_, h, k) in enumerate(todo))
@@ -151,8 +177,7 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
             key, h, k = todo[i]
             first, largest = _compare(h.rounds[:k], rows)
             same = same_kernels(h)
-            done[(key, k, version)] = Check(key, " / ".join(group_of(h)) + f", seed {h.config['seed']}", k, first,
-                                            largest, same, "" if same else
+            done[(key, k, version)] = Check(key, label(h), k, first, largest, same, "" if same else
                                             f"{describe(h.meta.get('kernels'))}, on {h.meta.get('cpu', 'an unrecorded CPU')}")
             if journal is not None:
                 Path(journal).parent.mkdir(parents=True, exist_ok=True)

@@ -251,3 +251,60 @@ def test_the_working_tree_travels_light():
     files = [root / name for name in listed.stdout.decode().split("\0") if name]
     size = sum(p.stat().st_size for p in files if p.is_file())
     assert len(files) > 100 and size < 50e6, f"the tracked files take {size / 1e6:.1f} MB"
+
+
+def _as_computed_on_cuda(history, config, archive):
+    """Archive `history` as if a GPU had computed it (its meta says so), under the CUDA key; returns the key."""
+    archive.add(history.with_meta(device="cuda", kernels=None), config, torch.device("cuda"))
+    return store.archive_key(config, "cuda")
+
+
+def test_an_archived_run_is_read_whatever_device_would_compute_it_now(tiny, tmp_path, archive, monkeypatch):
+    # torch.device("cuda") needs no GPU: the lookups only name the device type
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    on_cpu = run(tiny, cache_dir=tmp_path, device="cpu", workers=1)
+    monkeypatch.delenv("FEDLAB_ARCHIVE")
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
+    assert archive.key_of(tiny, cuda) == store.archive_key(tiny, CPU)
+    assert archive.get(tiny, cuda).meta["device"] == "cpu"
+    monkeypatch.setattr(runs_module, "resolve_device", lambda device: cuda)   # this machine as if it had a GPU
+    found = run(tiny, cache_dir=tmp_path / "empty")
+    assert found.rounds == on_cpu.rounds and found.meta["device"] == "cpu"  # the page shows where it was computed
+    cuda_key = _as_computed_on_cuda(on_cpu, tiny, archive)
+    assert run(tiny, cache_dir=tmp_path / "empty").meta["device"] == "cuda"  # the device's own entry comes first
+    archive.paths(store.archive_key(tiny, CPU))[0].unlink()
+    monkeypatch.setattr(runs_module, "resolve_device", lambda device: CPU)
+    assert archive.key_of(tiny, CPU) == cuda_key and run(tiny, cache_dir=tmp_path / "empty").meta["device"] == "cuda"
+    assert archive.get(tiny, CPU, with_state=True) is None                 # no final state archived
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU re-runs a GPU's run")
+def test_verification_reports_a_run_computed_on_a_gpu_as_not_checkable_on_a_machine_without_one(tiny, tmp_path,
+                                                                                                archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    on_cpu = run(tiny, cache_dir=tmp_path, device="cpu", workers=1)
+    cuda_key = _as_computed_on_cuda(on_cpu, tiny, archive)
+    checks = verify(rerun, archive, rounds=2)
+    [chosen] = checks                                   # of the group, the run this machine can re-run
+    assert chosen.key == store.archive_key(tiny, CPU) and chosen.first_difference is None
+    archive.paths(chosen.key)[0].unlink()
+    [check] = verify(lambda h, k: pytest.fail("a GPU's run was re-run on a CPU"), archive, rounds=2,
+                     journal=tmp_path / "journal.jsonl")
+    assert check.ok and check.key == cuda_key and check.unavailable == "cuda"
+    assert str(check) == (f"{cuda_key} (fedavg / none / digits / mlp / iid, seed 0): not checkable on this machine, "
+                          f"which has no cuda device (the run was computed on one); not re-run")
+    assert not (tmp_path / "journal.jsonl").exists()  # not journaled: a machine with a GPU checks it
+
+
+def test_make_verify_counts_apart_the_runs_this_machine_cannot_check(monkeypatch, tmp_path, capsys):
+    from fedlab_core import book, verification
+    from fedlab_core.verification import Check
+
+    monkeypatch.setenv("FEDLAB_ARCHIVE_DIR", str(tmp_path))
+    checks = [Check("a", "fedavg", 2), Check("b", "fedavg", 0, unavailable="cuda")]
+    monkeypatch.setattr(verification, "verify", lambda **kwargs: checks)
+    assert book.verify_archive() == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("[verify] 1 archived runs re-run (first 2 rounds)")
+    assert last.endswith("all bit-identical; 1 not checkable on this machine's devices")

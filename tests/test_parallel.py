@@ -1,18 +1,20 @@
 """Clients trained side by side in worker processes: the same numbers as one process, whatever the thread
-count; a dying worker is reported with its client and round; no worker outlives its run."""
+count and whether the workers were forked or spawned (after autograd started threads in the parent); a dying
+worker is reported with its client and round; no worker outlives its run."""
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedlab_core import RunConfig, run
+from fedlab_core import RunConfig, parallel, run
 from fedlab_core.algorithms import ALGORITHMS, FedAvg
 from fedlab_core.augment import AUGMENTS
 from fedlab_core.parallel import WorkerDiedError, available_cores
@@ -100,6 +102,53 @@ def test_no_worker_outlives_a_run_that_ends_or_fails(tiny, tmp_path):
     with pytest.raises(Stop):
         sim.run(on_round_end=stop)
     assert mp.active_children() == [] and sim.pool is None
+
+
+AUTOGRAD_THREADS_FIRST = textwrap.dedent("""
+    import torch
+    from fedlab_core import RunConfig, run
+    from fedlab_core.parallel import fork_is_safe
+
+    class Nested(torch.autograd.Function):   # a backward pass that runs another inside it, `depth` deep
+        @staticmethod
+        def forward(ctx, x, depth):
+            ctx.depth = depth
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            if ctx.depth:
+                with torch.enable_grad():
+                    Nested.apply(torch.zeros(1, requires_grad=True), ctx.depth - 1).sum().backward()
+            return grad, None
+
+    assert fork_is_safe()
+    # past 60 nested passes autograd starts a thread for the deeper ones, as it starts its device threads after
+    # training on a GPU: from then on it refuses every backward pass in a forked child
+    Nested.apply(torch.ones(1, requires_grad=True), 70).sum().backward()
+    assert not fork_is_safe()
+    config = RunConfig(dataset="digits", model="mlp", num_clients=4, num_rounds=2, batch_size=32, lr=0.1)
+    one, two = (run(config, use_cache=False, progress=False, workers=w) for w in (1, 2))
+    numbers = lambda h: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in h.rounds]
+    assert numbers(one) == numbers(two) and two.meta["workers"] == 2 and two.meta["failed_clients"] == 0
+    print("same numbers")
+""")
+
+
+def test_workers_train_after_autograd_started_its_threads(tmp_path):
+    # the script has no `if __name__ == "__main__":` guard: the spawned workers must not run it again
+    script = tmp_path / "threads_first.py"
+    script.write_text(AUTOGRAD_THREADS_FIRST)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "same numbers" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_simulation_that_cannot_be_sent_to_spawned_workers_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(parallel, "fork_is_safe", lambda: False)
+    with pytest.raises(RuntimeError, match=r"^workers: autograd has started threads in this process .*cannot pickle "
+                                           r"'_thread.lock' object\); use workers=1$"):
+        parallel.WorkerPool({"lock": threading.Lock()}, 2)
+    assert mp.active_children() == []
 
 
 KILLED_PARENT = textwrap.dedent("""

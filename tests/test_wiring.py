@@ -54,6 +54,7 @@ CASES = {
     "momentum": ({}, 0.9, {"algorithm"}),
     "weight_decay": ({}, 0.01, {"algorithm"}),
     "train_transform": ({}, "flip_rotate", {"algorithm"}),
+    "executor": ({}, "batched", {"executor"}),   # the same maths in another order: the floats differ
     "eval_every": ({}, 2, {"schedule"}),
     "stop_at_plateau": ({"num_rounds": 60}, True, {"schedule"}),   # the tiny run plateaus before round 60
     # the tiny run's client curve plateaus at round 49, its global model's at 47
@@ -86,7 +87,7 @@ def _settings(obj) -> str:
 
 def parts(config: RunConfig) -> dict[str, str]:
     """What `build` makes for a config, part by part: the split data, the initial model, the algorithm's
-    and augmentation's settings, and the round schedule."""
+    and augmentation's settings, the round schedule and the executor that trains the clients."""
     sim = build(config, CPU, progress=False)
     fed = sim.federation
     data = [fed.x_test, fed.y_test] + [t for c in fed.clients for t in (c.x_train, c.y_train, c.x_test, c.y_test)]
@@ -95,7 +96,8 @@ def parts(config: RunConfig) -> dict[str, str]:
             "algorithm": _settings(sim.algorithm),
             "augment": _settings(sim.augment),
             "schedule": repr((sim.num_rounds, sim.fraction, sim.clients_per_round, sim.eval_every, sim.seed,
-                              sim.stop_at_plateau, sim.plateau_metric, sim.patience))}
+                              sim.stop_at_plateau, sim.plateau_metric, sim.patience)),
+            "executor": repr((sim.executor, sim.batched))}
 
 
 def _numbers(history):

@@ -136,6 +136,15 @@ class FlatState:
             t.copy_(chunk.view_as(t))
 
 
+def mean_loss(total: torch.Tensor, steps: int) -> float:
+    """A local update's mean training loss from its summed step losses; raises
+    :class:`NonFiniteLossError` when it is NaN or infinite."""
+    loss = (total / max(steps, 1)).item()
+    if not math.isfinite(loss):
+        raise NonFiniteLossError(f"training loss is {loss}")
+    return loss
+
+
 def weighted_mean(vectors: list[torch.Tensor], weights: Iterable[float]) -> torch.Tensor:
     """sum_k w_k v_k / sum_k w_k for equally shaped tensors (accumulated in place: no stacked copy)."""
     weights = [float(w) for w in weights]
@@ -162,6 +171,10 @@ class Algorithm(Configurable):
         without one (FedBN, Single, pFedHN, FedProto) are scored on the clients' own test sets only.
     shares : what a client sends beyond its model weights, in words ("" for nothing more), for the
         book's privacy notes; the byte counts of every message say how much.
+    batched : whether the batched executor (:mod:`fedlab_core.batched`) can train the method's clients: its
+        local update is :meth:`start`, this class's :meth:`train_local` (optimiser steps on :meth:`loss`, a loss
+        that reads only the model and the batch, with the gradients :meth:`correct` gives), then :meth:`finish`.
+        A subclass that changes its local step otherwise sets it False.
     """
 
     name = "fedavg"
@@ -171,6 +184,7 @@ class Algorithm(Configurable):
     paper_training: ClassVar[Training] = Training(local_epochs=5, batch_size=10, lr=0.05)
     global_model: ClassVar[bool] = True
     shares: ClassVar[str] = ""
+    batched: ClassVar[bool] = False
 
     def __init__(self, training: Training | None = None):
         self.training = training or self.paper_training
@@ -199,9 +213,20 @@ class Algorithm(Configurable):
 
     def local_update(self, message: Message, client_state: dict[str, Any], data: ClientData,
                      rng: torch.Generator) -> tuple[Message, dict[str, Any]]:
-        """Train on the client's data and return (upload, new client state)."""
+        """Train on the client's data and return (upload, new client state): :meth:`start`, :meth:`train_local`,
+        :meth:`finish`."""
+        self.start(message, client_state)
+        return self.finish(data, self.train_local(data, rng, client_state), client_state)
+
+    def start(self, message: Message, client_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Put the model a client's local training starts from into the workspace model (here the received
+        global weights, with the client's local entries) and return the tensors its steps read besides the
+        parameters and the batch: the `context` of :meth:`correct` (here none)."""
         self.load(message.tensors["weights"], client_state)
-        loss = self.train_local(data, rng, client_state)
+        return {}
+
+    def finish(self, data: ClientData, loss: float, client_state: dict[str, Any]) -> tuple[Message, dict[str, Any]]:
+        """(upload, new client state) from the trained workspace model and the mean training loss."""
         return self.upload(data, loss, client_state), client_state
 
     def aggregate(self, server_state: dict[str, Any], uploads: list[tuple[int, Message]],
@@ -294,10 +319,7 @@ class Algorithm(Configurable):
                 x, y = self.augment.train_batch(self.model, x, y, data.cid, rng)
             total += self.train_step(x, y, opt, client_state).detach()
             steps += 1
-        loss = (total / max(steps, 1)).item()
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(f"training loss is {loss}")
-        return loss
+        return mean_loss(total, steps)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
                    client_state: dict[str, Any]) -> torch.Tensor:
@@ -315,3 +337,11 @@ class Algorithm(Configurable):
 
     def before_step(self, client_state: dict[str, Any]) -> None:
         """Gradient corrections between backward and the optimiser step (SCAFFOLD, FedProx)."""
+
+    def correct(self, grads: dict[str, torch.Tensor], params: dict[str, torch.Tensor],
+                context: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The gradients the optimiser steps on, from the loss's gradients `grads` of the trainable `params`
+        (by name) and the update's `context` (what :meth:`start` returned); here `grads`. Pure (no in-place
+        change), so both executors use it: the loop from :meth:`before_step`, the batched one mapped over
+        clients (FedProx's proximal pull)."""
+        return grads

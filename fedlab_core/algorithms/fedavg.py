@@ -13,3 +13,4 @@ class FedAvg(Algorithm):
     """Federated averaging, weighted by each client's number of training samples."""
 
     name = "fedavg"
+    batched = True

@@ -32,6 +32,7 @@ class FedAvgM(Algorithm):
     """
 
     name = "fedavgm"
+    batched = True
     paper_training = Training(batch_size=64, local_epochs=1, lr=0.05)
     constraints = {"server_momentum": Range(0, 1, high_open=True), "server_lr": Range(0, low_open=True)}
 

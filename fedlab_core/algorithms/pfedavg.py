@@ -35,6 +35,7 @@ class PFedAvg(Algorithm):
     """
 
     name = "pfedavg"
+    batched = True
     paper_training = Training(lr=0.01, momentum=0.5, batch_size=64, local_steps=20)  # FRAug's code, Digits
     constraints = {"finetune_epochs": Range(0)}
 

@@ -23,6 +23,7 @@ class Single(Algorithm):
     name = "single"
     paper_training = Training(lr=0.01, momentum=0.5, batch_size=64, local_steps=20)
     global_model = False
+    batched = True
 
     def init(self, model, federation) -> dict[str, Any]:
         self._initial = super().init(model, federation)["weights"]
@@ -35,9 +36,11 @@ class Single(Algorithm):
     def server_message(self, server_state, cid: int) -> Message:
         return Message()
 
-    def local_update(self, message, client_state, data, rng):
+    def start(self, message, client_state) -> dict[str, torch.Tensor]:
         self.shared.set(client_state["model"])
-        loss = self.train_local(data, rng, client_state)
+        return {}
+
+    def finish(self, data, loss, client_state):
         return Message(), {**client_state, "model": self.shared.get(), "loss": loss}
 
     def aggregate(self, server_state, uploads, round_idx: int) -> dict[str, Any]:

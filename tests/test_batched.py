@@ -1,0 +1,161 @@
+"""The batched executor (fedlab_core.batched) computes the loop's local updates: for every method it batches,
+both agree round by round on unequal shards with momentum and weight decay on; its runs are deterministic and
+resume from a checkpoint to the same numbers; a run it cannot train falls back to the loop and says so once;
+a bad `executor` is refused in one line."""
+import logging
+import math
+
+import pytest
+import torch
+
+from fedlab_core import RunConfig, run
+from fedlab_core import __main__ as cli
+from fedlab_core.algorithms import ALGORITHMS, Algorithm, NonFiniteLossError
+from fedlab_core.engine import Simulation
+from fedlab_core.runs import build
+
+CPU = torch.device("cpu")
+# unequal Dirichlet shards, two passes of batch 16 (a shorter last batch per pass), momentum and weight decay
+CASE = RunConfig(dataset="digits", model="mlp", num_clients=5, num_rounds=3, batch_size=16, lr=0.05, local_epochs=2,
+                 momentum=0.9, weight_decay=1e-3, partition="dirichlet", alpha=0.3, seed=0)
+BATCHED = sorted(name for name, cls in ALGORITHMS.items() if cls.batched)
+PARAMS = {"fedprox": {"mu": 0.1}}
+# The stated tolerance: parameters (server weights and every client state) within 1e-5 after each round, the
+# mean training loss within 1e-5 relative, accuracies equal to 3 decimals. On this CPU the MLP's parameters
+# agree bit for bit and LeNet-5's to 3e-8; the losses differ in the last digits (a vectorised reduction).
+PARAM_TOL, LOSS_RTOL = 1e-5, 1e-5
+
+
+def _tensors(state) -> torch.Tensor:
+    """Every floating-point tensor of a simulation state (server and clients), flattened into one vector."""
+    parts = [v for v in state.server.values() if torch.is_tensor(v) and v.is_floating_point()]
+    parts += [v for cid in sorted(state.clients) for v in state.clients[cid].values()
+              if torch.is_tensor(v) and v.is_floating_point()]
+    return torch.cat([t.reshape(-1) for t in parts])
+
+
+def _rounds(config: RunConfig) -> tuple[list[dict], list[torch.Tensor]]:
+    """The run's log rows and its state's tensors after every round."""
+    sim = build(config, CPU, progress=False)
+    after = []
+    state = sim.run(on_round_end=lambda s: after.append(_tensors(s).clone()))
+    return state.rows, after
+
+
+def _agree(config: RunConfig) -> None:
+    """Assert the batched and loop runs of `config` agree round by round."""
+    (loop_rows, loop_params), (rows, params) = _rounds(config), _rounds(config.replace(executor="batched"))
+    for a, b, pa, pb in zip(loop_rows, rows, loop_params, params, strict=True):
+        diff = (pa - pb).abs().max().item()
+        assert diff <= PARAM_TOL, f"round {a['round']}: parameters differ by {diff}"
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=LOSS_RTOL, nan_ok=True)
+        for metric in ("mean_client_accuracy", "global_accuracy"):  # NaN global accuracy: no global model
+            assert math.isnan(a[metric]) and math.isnan(b[metric]) or round(a[metric], 3) == round(b[metric], 3)
+
+
+def test_the_case_has_unequal_shards_so_clients_stop_at_different_steps():
+    sizes = [c.num_train for c in build(CASE, CPU, progress=False).federation.clients]
+    assert len(set(sizes)) == len(sizes), sizes  # and so different numbers of batches and last-batch sizes
+
+
+@pytest.mark.parametrize("algorithm", BATCHED)
+def test_batched_and_loop_agree_round_by_round(algorithm):
+    assert {"fedavg", "fedprox", "single"} <= set(BATCHED)
+    _agree(CASE.replace(algorithm=algorithm, algorithm_params=PARAMS.get(algorithm, {})))
+
+
+@pytest.mark.parametrize("algorithm", BATCHED)
+def test_final_accuracy_after_ten_rounds_within_half_a_point(algorithm):
+    config = CASE.replace(num_rounds=10, eval_every=10, algorithm=algorithm, algorithm_params=PARAMS.get(algorithm, {}))
+    loop, batched = (run(c, use_cache=False, progress=False, workers=1).final for c in (config, config.replace(executor="batched")))
+    assert abs(loop["mean_client_accuracy"] - batched["mean_client_accuracy"]) <= 0.005
+
+
+def test_batched_and_loop_agree_with_convolutions_and_local_steps():
+    config = CASE.replace(dataset="fashion_mnist", model="lenet5", max_train_samples=400, max_test_samples=200,
+                          num_rounds=2, local_epochs=None, local_steps=12, algorithm="fedprox", algorithm_params={"mu": 0.1})
+    _agree(config)
+
+
+def test_batched_and_loop_agree_with_a_training_transform():
+    _agree(CASE.replace(train_transform="flip_rotate"))  # its draws interleave with the batches' permutations
+
+
+def test_a_diverging_batched_run_stops_where_the_loop_does():
+    errors = []
+    for executor in ("loop", "batched"):
+        with pytest.raises(NonFiniteLossError) as err:
+            run(CASE.replace(lr=50.0, executor=executor), use_cache=False, progress=False, workers=1)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and "client 1 in round 3" in errors[0]
+
+
+def test_clients_in_chunks_train_as_they_do_together(monkeypatch):
+    together = _rounds(CASE.replace(executor="batched"))
+    monkeypatch.setattr("fedlab_core.batched.CHUNK", 2)
+    chunked = _rounds(CASE.replace(executor="batched"))
+    assert all((a - b).abs().max() <= PARAM_TOL for a, b in zip(together[1], chunked[1], strict=True))
+
+
+def test_batched_runs_are_bit_identical():
+    a, b = (_rounds(CASE.replace(algorithm="fedprox", executor="batched")) for _ in range(2))
+    assert _numbers(a[0]) == _numbers(b[0])
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+def _numbers(rows):
+    return [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in rows]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_batched_run_resumes_from_its_checkpoint_to_the_same_numbers(tmp_path, monkeypatch):
+    config = CASE.replace(num_rounds=4, executor="batched")
+    original = Simulation.run_round
+
+    def run_round(self, state):  # the run dies after two rounds, its checkpoint written
+        if state.next_round > 2:
+            raise _Stop
+        return original(self, state)
+    with monkeypatch.context() as m:
+        m.setattr(Simulation, "run_round", run_round)
+        with pytest.raises(_Stop):
+            run(config, cache_dir=tmp_path, progress=False, workers=1)
+    resumed = run(config, cache_dir=tmp_path, progress=False, workers=1)
+    assert resumed.meta["resumed_from_round"] == 2
+    whole = run(config, use_cache=False, progress=False, workers=1)
+    assert _numbers(resumed.rounds) == _numbers(whole.rounds) and resumed.final == whole.final
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"algorithm": "scaffold"}, "'scaffold' has a local step of its own"),
+    ({"augment": "mixup"}, "augmentation"),
+    ({"optimizer": "adam"}, "optimizer 'adam'"),
+    ({"model": "mlp_bn"}, "buffers"),
+])
+def test_a_run_it_cannot_batch_trains_in_the_loop_and_says_so_once(changes, reason, caplog):
+    config = CASE.replace(num_rounds=2, **changes)
+    with caplog.at_level(logging.WARNING, logger="fedlab_core"):
+        batched = _rounds(config.replace(executor="batched"))
+    said = [r.getMessage() for r in caplog.records if "executor" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and said[0].startswith("executor: ") and reason in said[0], said
+    loop = _rounds(config)
+    assert _numbers(batched[0]) == _numbers(loop[0])  # the loop's own numbers
+
+
+def test_every_batched_method_keeps_the_base_local_step():
+    for name in BATCHED:
+        cls = ALGORITHMS[name]
+        for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches"):
+            assert getattr(cls, method) is getattr(Algorithm, method), f"{name} overrides {method}"
+
+
+def test_a_bad_executor_is_refused_in_one_line(capsys):
+    with pytest.raises(ValueError, match=r"^executor: .*loop.*batched") as err:
+        RunConfig(executor="vmap")
+    assert "\n" not in str(err.value)
+    assert cli.main(["run", "--executor", "vmap", "--dataset", "digits"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --executor: "), lines
