@@ -70,7 +70,7 @@ labs: env  ## the labs' student (labs/release) and solution (labs/solution) sets
 	$(PY) -c "from fedlab_core import labs; print(*(f'{k}: {v}' for k, v in labs.build_sets().items()), sep='\\n')"
 
 test: env data browser mathjax  ## the whole test suite, from scratch
-	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$cache $(PY) -m pytest -q
+	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$cache $(PY) -m pytest -q --durations=25
 
 verify: env data  ## the archive against the code: first rounds of one run per method/data/model/split (ALL=1: every run in full)
 	$(PY) -m fedlab_core.book --verify $(if $(ALL),--all)
