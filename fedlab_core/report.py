@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .verdicts import Verdicts
 
 RESULTS_DIR = Path("results")
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"   # the chapters' sources, their titles' home
 EMBEDDED = ("fashion_mnist", "fashion_mnist_domains", "digits")   # the data that ships with the environment
 BEYOND = "beyond the paper"
 
@@ -194,6 +195,18 @@ def record(found: "Verdicts", chapter: str, section: str = "", deviations: str =
     return path
 
 
+def chapter_title(stem: str, folder: str | Path = NOTEBOOKS) -> str:
+    """A chapter's title, the label of every link to it: the first level-one heading ("# ...") of the notebook
+    ``<folder>/<stem>.ipynb``."""
+    path = Path(folder) / f"{stem}.ipynb"
+    lines = (line for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "markdown"
+             for line in "".join(cell["source"]).splitlines())
+    title = next((line[2:].strip() for line in lines if line.startswith("# ")), None)
+    if title is None:
+        raise ValueError(f"{path}: no level-one heading to take the chapter's title from")
+    return title
+
+
 def read(folder: str | Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
     """Every chapter's recorded results in `folder`, by chapter."""
     return {p.stem: json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))}
@@ -219,7 +232,7 @@ def _ours(row: Mapping[str, Any]) -> str:
     """Our number with the seed count: the mean per-seed difference of an ordering claim with the 95% interval
     the rule decided on; beside a claimed number, our mean ± standard deviation over the seeds (the sample's,
     n - 1: the verdict's standard error times sqrt(n)); a difference in the paper's unit."""
-    from .verdicts import difference_text
+    from .verdicts import difference_text, mean_std
 
     seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
     if row["mean"] is None:
@@ -227,7 +240,7 @@ def _ours(row: Mapping[str, Any]) -> str:
     if row["claimed"] is None:
         return difference_text(row["mean"], row.get("low"), row.get("high"), row["seeds"], row["paper"])
     std = row["stderr"] * math.sqrt(row["seeds"]) if row["stderr"] is not None else 0.0
-    return f"{row['mean']:.3g} ± {std:.2g} ({seeds}), claimed {row['claimed']:.3g}"
+    return f"{mean_std(row['mean'], std, '.3g', '.2g')} ({seeds}), claimed {row['claimed']:.3g}"
 
 
 def _counted(categories: Iterable[str]) -> str:
@@ -266,6 +279,27 @@ def claimed_differences(results: Mapping[str, Mapping[str, Any]]) -> "pd.DataFra
                              "ours": r["mean"], "stderr": r["stderr"], "outcome": r["outcome"],
                              "verdict": r["verdict"]})
     return pd.DataFrame(rows, columns=["paper", "chapter", "claim", "claimed", "ours", "stderr", "outcome", "verdict"])
+
+
+def effects(results: Mapping[str, Mapping[str, Any]]) -> "pd.DataFrame":
+    """Every recorded verdict with a number, paper by paper (in the order of :data:`PAPERS`): its effect and the
+    interval the rule decided on (low and high, NaN where it had none), its outcome and category. The effect of
+    an ordering claim is the mean of the per-seed differences; that of a claimed number is ours minus the paper's,
+    so that zero is where the rule's decision turns in both. A verdict whose runs diverged has no number and is
+    left out."""
+    import pandas as pd
+
+    rows = []
+    for paper in PAPERS:
+        for chapter, res in results.items():
+            for r in res["rows"] if res["paper"] == paper else ():
+                if r["mean"] is None:
+                    continue
+                shift = r["claimed"] or 0.0
+                low, high = (math.nan if x is None else x - shift for x in (r["low"], r["high"]))
+                rows.append({"paper": paper, "chapter": chapter, "claim": r["claim"], "effect": r["mean"] - shift,
+                             "low": low, "high": high, "outcome": r["outcome"], "category": r["category"]})
+    return pd.DataFrame(rows, columns=["paper", "chapter", "claim", "effect", "low", "high", "outcome", "category"])
 
 
 COLUMNS = ("paper", "source", "claim", "paper's number", "ours", "verdict", "evidence", "paper's setting", "deviations",
@@ -372,7 +406,7 @@ def first_screen(table: "pd.DataFrame") -> str:
         out += ["", head]
         if len(decided):
             out.append("")
-            out += [f"- *{r['verdict']}*: {r['claim']} ([{r['chapter']}]({r['chapter']}.ipynb))"
+            out += [f"- *{r['verdict']}*: {r['claim']} ([{chapter_title(r['chapter'])}]({r['chapter']}.ipynb))"
                     for _, r in decided.iterrows()]
     return "\n".join(out)
 
@@ -388,7 +422,8 @@ def headlines(table: "pd.DataFrame", shown: int = 3, folder: str = "chapters/") 
     for paper, judged, decided, undecided, _ in _by_paper(table):
         ranked = sorted(decided.to_dict("records"), key=lambda r: order_.get(r["outcome"], 1))
         claims = [f'<li><em>{html.escape(r["verdict"])}</em>: {html.escape(r["claim"])} '
-                  f'(<a href="{folder}{r["chapter"]}.html">{html.escape(r["chapter"])}</a>)</li>' for r in ranked[:shown]]
+                  f'(<a href="{folder}{r["chapter"]}.html">{html.escape(chapter_title(r["chapter"]))}</a>)</li>'
+                  for r in ranked[:shown]]
         if len(ranked) > shown:
             claims.append(f'<li>{len(ranked) - shown} more in <a href="{folder}report.html">the report</a></li>')
         items.append(f"<li><strong>{html.escape(paper)}</strong>: of {len(judged)} claims judged on our runs, the "

@@ -353,8 +353,8 @@ def plot_cosine_curves(w_grid, curves: dict[str, np.ndarray], w_true=None, title
         ax.plot(w_grid, offset, "--", color=line.get_color(), label=f"client {k + 1}, with offset")
         if w_true is not None:
             ax.axvline(w_true[k], color=line.get_color(), lw=0.8, alpha=0.5)
-    ax.set(xlabel="model parameter w (unitless)", ylabel="training loss (mean squared error)",
-           title=title or "loss against w")
+    ax.set(xlabel="model parameter w (unitless)", ylabel="training loss (mean squared error)")
+    ax.set_title(title or "loss against w", fontsize=10)
     ax.legend(fontsize="small")
     return ax
 
@@ -365,7 +365,8 @@ def plot_fedavg_rounds(runs: dict[str, LinearFedAvg], title: str | None = None, 
     for label, run in runs.items():
         ax.plot(np.arange(len(run.loss)), run.loss, label=label)
     ax.set(xlabel="round", ylabel="global training loss (MSE" + (", log scale)" if log else ")"),
-           yscale="log" if log else "linear", title=title or "FedAvg: loss per round")
+           yscale="log" if log else "linear")
+    ax.set_title(title or "FedAvg: loss per round", fontsize=10)
     ax.legend(fontsize="small")
     return ax
 
@@ -382,7 +383,7 @@ def plot_loss_by_sum(clients: Sequence[ToyClient], sums, p: float, runs: dict[st
         ax.plot(run.w.sum(axis=1), run.loss, "o-", ms=6 - 2.5 * (i % 2), mfc="none" if i % 2 == 0 else None,
                 lw=0.6, alpha=0.8, label=f"FedAvg, {label}")
     ax.set(xlabel="w_1 + w_2 of the global model (unitless)",
-           ylabel="global training loss (MSE" + (", log scale)" if log else ")"), yscale="log" if log else "linear",
-           title=title or "loss against the global w")
+           ylabel="global training loss (MSE" + (", log scale)" if log else ")"), yscale="log" if log else "linear")
+    ax.set_title(title or "loss against the global w", fontsize=10)
     ax.legend(fontsize="small")
     return ax

@@ -1072,44 +1072,8 @@ class Verdicts:
             lines += ["", f"Undecided: {_summary(undecided)}."]
         return "\n".join(lines)
 
-    def curves(self, metric: str = "mean_client_accuracy", ncols: int = 2, names: tuple[str, str] = ("A", "B")):
-        """The accuracy curves behind every verdict judged on training runs: one panel per verdict, the claimed
-        better side (solid) and the other (dashed), mean over seeds with a min-max band (where runs stopped at
-        different rounds: over the seeds evaluated at that round); the panel's title is the claim and its
-        verdict. Returns the figure, or None when no verdict carries runs."""
-        import textwrap
-
-        import matplotlib.pyplot as plt
-        import pandas as pd
-
-        from .viz import COLUMN
-
-        shown = [(i, v) for i, v in enumerate(self.items, 1) if v.runs]
-        if not shown:
-            return None
-        nrows = -(-len(shown) // ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(min(4.2, COLUMN / ncols) * ncols, 3.0 * nrows),
-                                 layout="constrained", squeeze=False)
-        for ax, (i, v) in zip(axes.flat, shown):
-            for runs, name, style in zip(v.runs, names, ("-", "--")):
-                # rounds x seeds; a run that stopped once converged leaves NaN after its last round, and the
-                # mean and band are over the seeds still running
-                values = pd.DataFrame({k: pd.Series(curve(h, metric)) for k, h in enumerate(runs)}).sort_index()
-                (line,) = ax.plot(values.index, values.mean(axis=1), style, marker=".", label=name)
-                ax.fill_between(values.index, values.min(axis=1), values.max(axis=1), color=line.get_color(),
-                                alpha=0.2, linewidth=0)
-            ax.set_title(textwrap.fill(f"{i}. {v.claim}", 44) + "\n" + textwrap.fill(v.label, 44), fontsize=8)
-            ax.set_xlabel("round", fontsize=8)
-            ax.xaxis.get_major_locator().set_params(integer=True)
-            ax.tick_params(labelsize=7)
-            ax.legend(fontsize=7)
-        for ax in list(axes.flat)[len(shown):]:
-            ax.set_visible(False)
-        fig.supylabel(metric.replace("_", " "), fontsize=9)
-        return fig
-
     def table(self) -> "pd.DataFrame":
-        """One row per verdict: its number (the panel of :meth:`curves`), the claim, the paper's figure, ours,
+        """One row per verdict: its number (the panel of :func:`~fedlab_core.viz.verdict_curves`), the claim, the paper's figure, ours,
         the verdict."""
         import pandas as pd
         return pd.DataFrame({"#": range(1, len(self.items) + 1), "claim": [v.claim for v in self.items],

@@ -3,6 +3,10 @@
 Every function draws with matplotlib, returns the :class:`~matplotlib.figure.Figure`, never calls
 ``plt.show()`` and accepts an optional ``ax`` to draw into (a new figure is made when it is ``None``).
 No backend is chosen here; set ``MPLBACKEND=Agg`` for headless use.
+
+Figures are sized for the book's main column (676 pixels at a 1,280-pixel window): at most :data:`COLUMN`
+inches wide, they are shown at their own size, so that the smallest text they draw (:data:`SMALLEST_FONT`)
+stays readable; a wider figure would be scaled down to the column, its text with it.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import torch
 from matplotlib.ticker import MaxNLocator, NullLocator
 
 from .data.base import Dataset
+from .verdicts import OUTCOMES, Verdicts, curve
 
 __all__ = [
     "domain_grid",
@@ -35,9 +40,18 @@ __all__ = [
     "image_grid",
     "fit_power_law",
     "scaling_plot",
+    "claim_effects",
+    "verdict_curves",
 ]
 
 _MAX_TICK_LABELS = 20
+DPI = 100            # pixels per inch of the notebooks' figures (matplotlib's default, which the inline backend keeps)
+COLUMN = 6.6         # inches: the widest figure, with the margin a saved figure keeps within the column
+SMALLEST_FONT = 7    # points: the smallest text a figure draws, 9.7 pixels at DPI
+# the colour of each verdict's label (:data:`~.verdicts.OUTCOMES`): greens held or reached, reds not held, orange
+# not reached, and greys, darkest first, for the reasons a claim was not decided
+VERDICT_COLOURS = dict(zip(OUTCOMES, ["#2b8a3e", "#37b24d", "#e03131", "#ff8787", "#f76707",
+                                      *map(plt.cm.Greys, np.linspace(0.85, 0.35, len(OUTCOMES) - 5))], strict=True))
 
 
 def _fig_ax(ax=None, figsize=(6.0, 4.0)):
@@ -68,7 +82,8 @@ def domain_grid(ds: Dataset, per_domain: int = 8, seed: int = 0, ax=None):
         pick = idx[torch.randperm(len(idx), generator=gen)[:per_domain]]
         for k, img in enumerate(x[pick].permute(0, 2, 3, 1).numpy()):
             mosaic[r * (h + pad): r * (h + pad) + h, k * (w + pad): k * (w + pad) + w] = img
-    fig, ax = _fig_ax(ax, figsize=(per_domain * 0.8 + 1.2, len(names) * 0.8 + 0.4))
+    size = min(0.8, (COLUMN - 1.2) / per_domain)   # inches per image
+    fig, ax = _fig_ax(ax, figsize=(per_domain * size + 1.2, len(names) * size + 0.4))
     ax.imshow(mosaic[..., 0] if c == 1 else mosaic, cmap="gray" if c == 1 else None, vmin=0, vmax=1)
     ax.set_yticks([r * (h + pad) + h / 2 for r in range(len(names))], names)
     ax.set_xticks([])
@@ -103,34 +118,41 @@ def _sparse_ticks(axis, n: int, set_ticks) -> None:
 
 
 def partition_heatmap(class_counts: np.ndarray, title: str | None = None, normalize: str | None = "class",
-                      ax=None):
+                      ax=None, fontsize: float = 10):
     """Client-by-class heatmap (as in DisTrans, Fig. 3): clients on x, classes on y, with a colourbar.
 
     Each cell is what :func:`normalize_counts` gives for ``normalize``. Beyond ~20 clients (or classes) the
-    per-client tick labels are thinned out so 100 clients stay readable.
+    per-client tick labels are thinned out so 100 clients stay readable. ``fontsize``: the points of every
+    text but the title, which is a point larger.
     """
     m = normalize_counts(class_counts, normalize)
     n_classes, n_clients = m.shape
-    fig, ax = _fig_ax(ax, figsize=(min(3 + 0.12 * n_clients, 14), min(2 + 0.3 * n_classes, 10)))
+    fig, ax = _fig_ax(ax, figsize=(min(3 + 0.12 * n_clients, COLUMN), min(2 + 0.3 * n_classes, 10)))
     im = ax.imshow(m, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest")
     label = {"class": "fraction of class", "client": "fraction of client's data", None: "samples"}[normalize]
-    fig.colorbar(im, ax=ax, label=label)
+    bar = fig.colorbar(im, ax=ax)
+    bar.set_label(label, fontsize=fontsize)
     _sparse_ticks(ax.xaxis, n_clients, ax.set_xticks)
     _sparse_ticks(ax.yaxis, n_classes, ax.set_yticks)
-    ax.set_xlabel("client")
-    ax.set_ylabel("class")
+    for each in (ax, bar.ax):
+        each.tick_params(labelsize=fontsize)
+    ax.set_xlabel("client", fontsize=fontsize)
+    ax.set_ylabel("class", fontsize=fontsize)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=fontsize + 1)
     return fig
 
 
-def partition_heatmaps(panels: Mapping[str, np.ndarray], ncols: int = 5, normalize: str | None = "class"):
-    """Several :func:`partition_heatmap` panels side by side: ``{title: (clients, classes) counts}``."""
+def partition_heatmaps(panels: Mapping[str, np.ndarray], ncols: int = 3, normalize: str | None = "class"):
+    """Several :func:`partition_heatmap` panels, `ncols` to a row of the column, their text at 8 points:
+    ``{title: (clients, classes) counts}``."""
     nrows = -(-len(panels) // ncols)
     ncols = min(ncols, len(panels))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.9 * nrows), layout="constrained", squeeze=False)
+    width = min(3.3, COLUMN / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, (0.6 * width + 0.9) * nrows), layout="constrained",
+                             squeeze=False)
     for ax, (title, counts) in zip(axes.flat, panels.items()):
-        partition_heatmap(counts, title=title, normalize=normalize, ax=ax)
+        partition_heatmap(counts, title=title, normalize=normalize, ax=ax, fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     return fig
@@ -165,13 +187,13 @@ def accuracy_curves(frames: Mapping[str, "pandas.DataFrame"], metric: str = "glo
             ax.fill_between(g.index, g["min"], g["max"], color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("round")
     ax.set_ylabel(metric.replace("_", " "))
-    ax.legend()
+    ax.legend(fontsize=8)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
     return fig
 
 
-def tuning_curves(curves: "pandas.DataFrame", ncols: int = 4, title: str | None = None):
+def tuning_curves(curves: "pandas.DataFrame", ncols: int = 3, title: str | None = None):
     """Small multiples of a tuning (:meth:`fedlab_core.tuning.Tuning.curves`): per method, the validation score
     against the learning rate (log scale) with one standard error over the tuning seeds as error bars, the chosen
     rate ringed, so a reader sees how sharp each choice is. One panel per method, `ncols` to a row."""
@@ -179,8 +201,8 @@ def tuning_curves(curves: "pandas.DataFrame", ncols: int = 4, title: str | None 
     if not methods:
         raise ValueError("curves: no methods to draw")
     nrows = -(-len(methods) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.2 * ncols, 1.9 * nrows), sharey=True, squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(2.2, COLUMN / ncols) * ncols, 1.9 * nrows), sharey=True,
+                             squeeze=False, layout="constrained")
     for ax, method in zip(axes.flat, methods):
         c = curves[curves["method"] == method]
         ax.errorbar(c["lr"], c["validation"], yerr=c["validation_se"].fillna(0), marker="o", markersize=3,
@@ -233,7 +255,7 @@ def _annotated_heatmap(values: "pandas.DataFrame", fmt: str, title: str | None, 
     """The shared layout of the heatmaps: cells coloured by value, each labelled with ``fmt``, white text
     where ``dark(value)``; NaN cells unlabelled when ``blank_nan``."""
     m = values.to_numpy(dtype=float)
-    fig, ax = _fig_ax(ax, figsize=(1.2 * m.shape[1] + 2.5, 0.38 * m.shape[0] + 1.2))
+    fig, ax = _fig_ax(ax, figsize=(min(1.2 * m.shape[1] + 2.5, COLUMN), 0.38 * m.shape[0] + 1.2))
     im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", **imshow)
     fig.colorbar(im, ax=ax)
     ax.set_xticks(range(m.shape[1]), [str(c) for c in values.columns], rotation=30, ha="right")
@@ -242,7 +264,7 @@ def _annotated_heatmap(values: "pandas.DataFrame", fmt: str, title: str | None, 
         if np.isfinite(v) or not blank_nan:
             ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if dark(v) else "black")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
     return fig
 
 
@@ -284,7 +306,7 @@ def embedding_scatter(points: np.ndarray, labels: np.ndarray, ax=None, title: st
     ax.set(xticks=[], yticks=[], xlabel="component 1", ylabel="component 2")
     ax.legend(markerscale=3, fontsize=7, loc="best", title="class", title_fontsize=7)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
     return fig
 
 
@@ -306,7 +328,9 @@ def offset_grid(offsets: list[torch.Tensor], examples: list[torch.Tensor], alpha
     n = len(offsets)
     names = ["image x"] + (["initial t0"] if initial else []) + ["offset t"] + (["t - t0"] if initial else []) \
         + ["(1-a)x + a t"]
-    fig, axes = plt.subplots(len(names), n, figsize=(1.3 * n, 1.4 * len(names)), layout="constrained", squeeze=False)
+    size = min(1.3, (COLUMN - 0.3) / n)   # inches per image
+    fig, axes = plt.subplots(len(names), n, figsize=(size * n + 0.3, (size + 0.1) * len(names)), layout="constrained",
+                             squeeze=False)
     grey = offsets[0].shape[0] == 1
 
     def show(ax, t, low, high, cmap="coolwarm"):
@@ -396,7 +420,7 @@ def channel_distributions(rows: Mapping[str, np.ndarray], support=None, labels=N
     if channel_names is None:
         channel_names = ["R", "G", "B"] if c == 3 else [f"channel {i}" for i in range(c)]
     targets = {title: np.asarray(v, dtype=float) for title, v in (targets or {}).items()}
-    fig, axes = plt.subplots(len(arrays), c, figsize=(3.6 * c + 0.6, 2.3 * len(arrays) + 0.4),
+    fig, axes = plt.subplots(len(arrays), c, figsize=(min(3.6 * c + 0.6, COLUMN), 1.9 * len(arrays) + 0.4),
                              layout="constrained", squeeze=False, sharex=True)
     colours = plt.get_cmap("tab10" if k <= 10 else "tab20")
     for r, (title, values) in enumerate(arrays.items()):
@@ -412,10 +436,11 @@ def channel_distributions(rows: Mapping[str, np.ndarray], support=None, labels=N
                 top = max(values[:, ch].max(), targets[title][ch].max() if title in targets else 0.0)
                 ax.set_yscale("log")
                 ax.set_ylim(top * 1e-4, top * 2)
-            ax.set_title(f"{title}: {channel_names[ch]}" if c > 1 else title, fontsize=9)
-        axes[r, 0].set_ylabel("mass")
+            ax.set_title(f"{title}: {channel_names[ch]}" if c > 1 else title, fontsize=8)
+            ax.tick_params(labelsize=8)
+        axes[r, 0].set_ylabel("mass", fontsize=8)
     for ax in axes[-1]:
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel, fontsize=8)
     handles = axes[0, 0].get_lines()[:k]
     if targets:  # the legend names the target even when the first row has none
         handles = [*handles, plt.Line2D([], [], color="k", linewidth=2.2, label="target")]
@@ -425,7 +450,8 @@ def channel_distributions(rows: Mapping[str, np.ndarray], support=None, labels=N
 
 def image_panels(panels: Mapping[str, Sequence[torch.Tensor]], row_labels: Sequence[str] | None = None,
                  per_row: int = 4, pad: int = 2):
-    """Images side by side in titled panels (e.g. before and after a transform), one row per group.
+    """Images side by side in titled panels (e.g. before and after a transform), one row per group; as many
+    panels to a row of the figure as the column holds with images at least a quarter of an inch wide.
 
     Parameters
     ----------
@@ -436,15 +462,20 @@ def image_panels(panels: Mapping[str, Sequence[torch.Tensor]], row_labels: Seque
     per_row : images shown per row (the first ones); shorter rows leave white space.
     pad : white pixels between images.
 
-    Returns a figure with one axes per panel, each showing one mosaic image.
+    Returns a figure with one axes per panel, in the order of ``panels``, each showing one mosaic image.
     """
     titles = list(panels)
     n_rows = len(panels[titles[0]])
     row_labels = [str(i) for i in range(n_rows)] if row_labels is None else [str(r) for r in row_labels]
     c, h, w = panels[titles[0]][0].shape[1:]
-    fig, axes = plt.subplots(1, len(titles), figsize=(len(titles) * (0.75 * per_row + 0.3) + 1.0, 0.75 * n_rows + 0.6),
-                             layout="constrained", squeeze=False)
-    for ax, title in zip(axes[0], titles):
+    ncols = int(min(len(titles), max(1, (COLUMN - 1.0) // (0.25 * per_row + 0.3))))
+    size = min(0.75, (COLUMN - 1.0 - 0.3 * ncols) / (ncols * per_row))   # inches per image
+    nrows = -(-len(titles) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, layout="constrained", squeeze=False,
+                             figsize=(ncols * (size * per_row + 0.3) + 1.0, nrows * (size * n_rows + 0.6)))
+    for ax in axes.flat[len(titles):]:
+        ax.remove()
+    for ax, title in zip(axes.flat, titles):
         rows = panels[title]
         if len(rows) != n_rows:
             raise ValueError(f"panel {title!r} has {len(rows)} rows, expected {n_rows}")
@@ -456,7 +487,7 @@ def image_panels(panels: Mapping[str, Sequence[torch.Tensor]], row_labels: Seque
         ax.imshow(mosaic[..., 0] if c == 1 else mosaic, cmap="gray" if c == 1 else None, vmin=0, vmax=1)
         ax.set_title(title, fontsize=9)
         ax.set_xticks([])
-        ax.set_yticks([r * (h + pad) + h / 2 for r in range(n_rows)], row_labels if ax is axes[0, 0] else [])
+        ax.set_yticks([r * (h + pad) + h / 2 for r in range(n_rows)], row_labels if ax in axes[:, 0] else [])
         ax.tick_params(length=0)
         for side in ax.spines.values():
             side.set_visible(False)
@@ -475,16 +506,18 @@ def image_with_histogram(images: Mapping[str, torch.Tensor], bins: int = 64):
 
     Returns a figure of two rows (images, histograms on a log scale) and one column per version.
     """
+    import textwrap
+
     titles = list(images)
-    fig, axes = plt.subplots(2, len(titles), figsize=(1.9 * len(titles) + 0.4, 4.0), layout="constrained",
-                             squeeze=False, gridspec_kw={"height_ratios": [1.2, 1]}, sharey="row")
+    fig, axes = plt.subplots(2, len(titles), figsize=(min(1.9 * len(titles) + 0.4, COLUMN), 4.0),
+                             layout="constrained", squeeze=False, gridspec_kw={"height_ratios": [1.2, 1]}, sharey="row")
     edges = np.linspace(0, 1, bins + 1)
     for j, title in enumerate(titles):
         img = images[title].detach().float().cpu()
         values = img.flatten().clamp(0, 1).numpy()
         shown = img.clamp(0, 1).permute(1, 2, 0).numpy()
         axes[0, j].imshow(shown[..., 0] if img.shape[0] == 1 else shown, cmap="gray", vmin=0, vmax=1)
-        axes[0, j].set_title(f"{title}\nbrightness {values.mean():.3f}", fontsize=8)
+        axes[0, j].set_title(f"{textwrap.fill(title, 14)}\nbrightness {values.mean():.3f}", fontsize=8)
         axes[0, j].set_axis_off()
         counts, _ = np.histogram(values, bins=edges)
         axes[1, j].bar(edges[:-1], counts / counts.sum(), width=1 / bins, align="edge", color="tab:blue")
@@ -508,7 +541,7 @@ def image_grid(images: Sequence[Sequence[torch.Tensor]], row_labels: Sequence[st
     value_range : ``(low, high)`` shown as black and white, values beyond clipped; one pair for every
         column, or a list of pairs, one per column (standardised images need e.g. ``(-2.5, 2.5)``,
         raw images ``(0, 1)``). Every image of a column shares its scale, so shifts show.
-    size : inches per image.
+    size : inches per image, at most what fits the column (:data:`COLUMN`).
 
     Returns a figure with one axes per image, in row-major order.
     """
@@ -518,6 +551,7 @@ def image_grid(images: Sequence[Sequence[torch.Tensor]], row_labels: Sequence[st
     ranges = [tuple(value_range)] * n_cols if np.ndim(value_range) == 1 else [tuple(r) for r in value_range]
     if len(ranges) != n_cols:
         raise ValueError(f"value_range: expected one (low, high) pair or {n_cols}, got {len(ranges)}")
+    size = min(size, (COLUMN - 0.8) / n_cols)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(size * n_cols + 0.8, size * n_rows + 0.4),
                              layout="constrained", squeeze=False)
     for r, row in enumerate(images):
@@ -578,4 +612,98 @@ def scaling_plot(series: Mapping[str, tuple], claimed: float | None = None, ax=N
     ax.legend(fontsize=7)
     if title:
         ax.set_title(title, fontsize=9)
+    return fig
+
+
+def _cut(claim: str, width: int) -> str:
+    """A claim's text without its bracketed asides, cut between words to at most `width` characters, two
+    thirds from its start (which names the table and the claim) and one from its end (often what differs
+    between a table's rows)."""
+    import re
+
+    text = re.sub(r"\s*\([^()]*\)", "", claim)
+    if len(text) <= width:
+        return text
+    tail = width // 3
+    return text[:width - tail - 4].rsplit(" ", 1)[0] + " ... " + text[-tail - 1:].split(" ", 1)[-1]
+
+
+def claim_effects(effects: "pandas.DataFrame", label_width: int = 64):
+    """Every judged claim's effect with the interval the rule decided on, one row per claim (its text without
+    its bracketed asides, cut in the middle to `label_width` characters), one panel per paper in the order of
+    ``effects``, a line at zero; coloured by the verdict's category (:data:`VERDICT_COLOURS`; a category it
+    does not list by the verdict's outcome).
+
+    effects : the frame of :func:`fedlab_core.report.effects` (paper, claim, effect, low, high, outcome,
+        category); a claim without an interval is a dot alone.
+
+    The x axis is linear within ±0.1, where most differences of accuracy lie, and logarithmic beyond, so that an
+    effect of another size (a loss, an exponent) shares it. Returns the figure, :data:`COLUMN` wide; each panel
+    holds one dot per claim, in its ``collections[-1]``.
+    """
+    papers = list(dict.fromkeys(effects["paper"]))
+    if not papers:
+        raise ValueError("effects: no claims to draw")
+    sizes = [int((effects["paper"] == p).sum()) for p in papers]
+    fig, axes = plt.subplots(len(papers), 1, figsize=(COLUMN, 0.125 * sum(sizes) + 0.45 * len(papers) + 0.9),
+                             height_ratios=sizes, sharex=True, layout="constrained", squeeze=False)
+    shown = {}
+    for ax, paper in zip(axes[:, 0], papers):
+        rows = effects[effects["paper"] == paper]
+        keys = [c if c in VERDICT_COLOURS else o for c, o in zip(rows["category"], rows["outcome"])]
+        colours = [VERDICT_COLOURS.get(k, "0.5") for k in keys]
+        y = np.arange(len(rows))
+        ax.axvline(0, color="0.3", linewidth=0.8)
+        ax.hlines(y, rows["low"].fillna(rows["effect"]), rows["high"].fillna(rows["effect"]), colors=colours,
+                  linewidth=2)
+        ax.scatter(rows["effect"], y, c=colours, s=12, zorder=3)
+        ax.set_yticks(y, [_cut(c, label_width) for c in rows["claim"]])
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.tick_params(labelsize=SMALLEST_FONT, labelbottom=True)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_title(f"{paper}: {len(rows)} claim{'s' if len(rows) != 1 else ''}", loc="left", fontsize=9)
+        shown.update(dict(zip(keys, colours)))
+    ax.set_xscale("symlog", linthresh=0.1)
+    ticks = (-1, -0.3, -0.1, -0.05, 0, 0.05, 0.1, 0.3, 1)
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("effect (bar: the interval the rule decided on)", fontsize=8)
+    order_ = sorted(shown, key=lambda k: OUTCOMES.index(k) if k in OUTCOMES else len(OUTCOMES))
+    fig.legend(handles=[plt.Line2D([], [], color=shown[k], marker="o", linewidth=2, label=k) for k in order_],
+               loc="outside upper center", ncols=3, fontsize=SMALLEST_FONT)
+    return fig
+
+
+def verdict_curves(found: "Verdicts", metric: str = "mean_client_accuracy", ncols: int = 2,
+               names: tuple[str, str] = ("A", "B")):
+    """The accuracy curves behind every verdict of a page (`found`) judged on training runs: one panel per verdict, the claimed
+    better side (solid) and the other (dashed), mean over seeds with a min-max band (where runs stopped at
+    different rounds: over the seeds evaluated at that round); the panel's title is the claim and its
+    verdict. Returns the figure, or None when no verdict carries runs."""
+    import textwrap
+
+    import pandas as pd
+
+    shown = [(i, v) for i, v in enumerate(found.items, 1) if v.runs]
+    if not shown:
+        return None
+    nrows = -(-len(shown) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(4.2, COLUMN / ncols) * ncols, 3.0 * nrows),
+                             layout="constrained", squeeze=False)
+    for ax, (i, v) in zip(axes.flat, shown):
+        for runs, name, style in zip(v.runs, names, ("-", "--")):
+            # rounds x seeds; a run that stopped once converged leaves NaN after its last round, and the
+            # mean and band are over the seeds still running
+            values = pd.DataFrame({k: pd.Series(curve(h, metric)) for k, h in enumerate(runs)}).sort_index()
+            (line,) = ax.plot(values.index, values.mean(axis=1), style, marker=".", label=name)
+            ax.fill_between(values.index, values.min(axis=1), values.max(axis=1), color=line.get_color(),
+                            alpha=0.2, linewidth=0)
+        ax.set_title(textwrap.fill(f"{i}. {v.claim}", 44) + "\n" + textwrap.fill(v.label, 44), fontsize=8)
+        ax.set_xlabel("round", fontsize=8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(shown):]:
+        ax.set_visible(False)
+    fig.supylabel(metric.replace("_", " "), fontsize=9)
     return fig

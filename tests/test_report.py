@@ -157,6 +157,21 @@ def test_claimed_differences_pairs_the_papers_difference_with_ours(tmp_path):
     assert list(pairs["ours"]) == pytest.approx([0.4, 2.0]) and list(pairs["paper"]) == ["OT preprocessing"] * 2
 
 
+def test_effects_lists_every_verdict_with_a_number_paper_by_paper_zero_where_the_rule_turns(tmp_path):
+    found = verdicts.Verdicts()
+    found.add(verdicts.number([0.9, 0.91, 0.92, 0.9, 0.92], 0.99, "Table 1: reaches 99%"))
+    found.add(verdicts.order([0.3, 0.4, 0.5], [0.0, 0.0, 0.0], "Table 1, 5/5: A beats B"))
+    report.record(found, "ot_fedavg", folder=tmp_path)
+    report.record(chapter_verdicts(), "distrans", folder=tmp_path)
+    table = report.effects(report.read(tmp_path))
+    assert list(table["paper"]) == ["DisTrans"] * 3 + ["OT preprocessing"] * 2     # in the order of PAPERS
+    number, ordering = table.iloc[3], table.iloc[4]
+    assert number["effect"] == pytest.approx(0.91 - 0.99)                          # ours minus the paper's
+    assert number["low"] < number["effect"] < number["high"] < 0 and number["outcome"] == verdicts.NOT_REACHED
+    assert ordering["effect"] == pytest.approx(0.4) and ordering["outcome"] == verdicts.INCONCLUSIVE   # 3 seeds
+    assert ordering["low"] < 0.4 < ordering["high"] and ordering["category"].startswith("inconclusive (fewer")
+
+
 def test_chapter_times_are_kept_for_the_book_profile_only(tmp_path, monkeypatch):
     monkeypatch.setattr(book, "TIMINGS", tmp_path / "chapter_seconds.json")
     assert book._timings("book") == {}
@@ -176,7 +191,8 @@ def test_first_screen_counts_per_paper_what_was_decided_and_why_the_rest_was_not
     assert distrans.startswith(": 4 claims judged on our runs, 3 decided (2 held, 1 not held (reversed)); "
                                "1 undecided (1 inconclusive (fewer than 5 seeds)); 2 of the paper's tables and "
                                "figures not judged (UMAP_PER_CLIENT is 0; needs MRI volumes).")
-    assert "- *held*: Table 1, DH 80%: DisTrans beats FedAvg ([distrans](distrans.ipynb))" in distrans
+    title = report.chapter_title("distrans")   # each link is labelled with its chapter's title
+    assert f"- *held*: Table 1, DH 80%: DisTrans beats FedAvg ([{title}](distrans.ipynb))" in distrans
     assert "DisTrans beats itself" not in distrans           # undecided claims are counted, not listed
     assert "**FRAug**: 0 claims judged on our runs, 0 decided." in text
     # the landing page's findings: the same counts, the held claim first, each linked to its chapter's page
@@ -184,9 +200,23 @@ def test_first_screen_counts_per_paper_what_was_decided_and_why_the_rest_was_not
     distrans = page.split("<strong>DisTrans</strong>")[1].split("<strong>OT preprocessing</strong>")[0]
     assert distrans.startswith(": of 4 claims judged on our runs, the rule decided 3 (2 held, 1 not held "
                                "(reversed)); 1 undecided.<ul><li><em>held</em>: ")
-    assert '(<a href="chapters/distrans.html">distrans</a>)' in distrans
+    assert f'(<a href="chapters/distrans.html">{title}</a>)' in distrans
     assert '<li>2 more in <a href="chapters/report.html">the report</a></li>' in distrans
     assert "beats itself" not in page and page.count("<strong>") == len(report.PAPERS)
+
+
+def test_a_chapters_title_is_its_notebooks_first_level_one_heading(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("# not a heading"),
+                                         nbformat.v4.new_markdown_cell("Before it.\n\n## A section\n# The title\n"),
+                                         nbformat.v4.new_markdown_cell("# A later heading")])
+    nbformat.write(nb, tmp_path / "chapter.ipynb")
+    assert report.chapter_title("chapter", tmp_path) == "The title"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("no heading")]),
+                   tmp_path / "bare.ipynb")
+    with pytest.raises(ValueError, match="no level-one heading"):
+        report.chapter_title("bare", tmp_path)
 
 
 def test_the_stopping_replay_measures_how_far_a_stop_lies_from_the_end_per_patience():

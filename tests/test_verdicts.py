@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlab_core import RunConfig
-from fedlab_core import verdicts
+from fedlab_core import verdicts, viz
 from fedlab_core.store import History
 from fedlab_core.verdicts import (ALPHA, BEST_ROUND, BEST_VALIDATION, LAST_FIFTH, Verdicts, ahead_over_rounds, beats,
                                   client_scores, converged, error_rates, number, order, plateau_rise, plateaued,
@@ -372,12 +372,12 @@ def test_curves_draw_the_runs_behind_each_verdict_judged_on_runs():
     a = [_history(s, [0.5, 0.7, 0.8 + 0.01 * s]) for s in range(3)]
     b = [_history(s, [0.4, 0.6, 0.7]) for s in range(3)]
     book = Verdicts()
-    assert book.curves() is None                       # nothing judged yet
+    assert viz.verdict_curves(book) is None            # nothing judged yet
     book.add(order([0.8, 0.81, 0.82], [0.7, 0.7, 0.7], "numbers only"))  # no runs: no panel
     v = book.add(beats(a, b, "A beats B"))
     assert v.runs == (tuple(a), tuple(b))
     assert list(book.table()["#"]) == [1, 2]            # the table numbers the panels
-    fig = book.curves(names=("A", "B"))
+    fig = viz.verdict_curves(book, names=("A", "B"))
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert len(panels) == 1 and panels[0].get_title().startswith("2. A beats B")
     solid, dashed = panels[0].get_lines()
@@ -392,7 +392,7 @@ def test_curves_take_runs_that_stopped_at_different_rounds():
     b = [_history(0, [0.4, 0.6, 0.7]), _history(1, [0.4, 0.6, 0.7])]
     book = Verdicts()
     book.add(beats(a, b, "A beats B"))
-    solid, _ = [ax for ax in book.curves().axes if ax.get_visible()][0].get_lines()
+    solid, _ = [ax for ax in viz.verdict_curves(book).axes if ax.get_visible()][0].get_lines()
     assert list(solid.get_xdata()) == [1, 2, 3]
     assert solid.get_ydata() == pytest.approx([0.55, 0.75, 0.9])   # the last round: the seed still running
 

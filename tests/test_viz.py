@@ -194,3 +194,27 @@ def test_tuning_curves_draw_one_panel_per_method_with_error_bars_and_the_choice_
     assert list(ring.get_xdata()) == [0.1] and list(ring.get_ydata()) == [0.7]
     with pytest.raises(ValueError, match="^curves: "):
         viz.tuning_curves(curves.iloc[:0])
+
+
+def test_claim_effects_draw_a_dot_and_an_interval_per_claim_coloured_by_verdict_one_panel_per_paper():
+    from fedlab_core.verdicts import OUTCOMES
+
+    effects = pd.DataFrame({
+        "paper": ["DisTrans", "DisTrans", "DisTrans", "FRAug"],
+        "claim": ["Table 1, DH 0%: DisTrans beats FedAvg (closest: moon)", "Table 7: overhead at most the paper's",
+                  "Table 1: reaches 99%", "Table 2: FRAug beats FedBN"],
+        "effect": [0.04, -0.02, -1.5, -0.1], "low": [0.01, -0.02, np.nan, -0.2], "high": [0.07, -0.02, np.nan, 0.01],
+        "outcome": ["held", "reached", "not comparable", "inconclusive"],
+        "category": ["held", "reached", "not comparable", "inconclusive (a reason no category lists)"]})
+    fig = viz.claim_effects(effects)
+    panels = fig.axes
+    assert [ax.get_title(loc="left") for ax in panels] == ["DisTrans: 3 claims", "FRAug: 1 claim"]
+    assert [len(ax.collections[-1].get_offsets()) for ax in panels] == [3, 1]      # one dot per claim
+    dots = np.concatenate([ax.collections[-1].get_facecolors() for ax in panels])
+    expected = [viz.VERDICT_COLOURS[k] for k in ("held", "reached", "not comparable", "inconclusive")]
+    np.testing.assert_allclose(dots, [matplotlib.colors.to_rgba(c) for c in expected])
+    assert [t.get_text() for t in panels[0].get_yticklabels()][0] == "Table 1, DH 0%: DisTrans beats FedAvg"
+    assert fig.get_size_inches()[0] == viz.COLUMN and panels[0].get_xscale() == "symlog"
+    assert list(viz.VERDICT_COLOURS) == list(OUTCOMES)                                   # every label has its colour
+    with pytest.raises(ValueError, match="^effects: "):
+        viz.claim_effects(effects.iloc[:0])
