@@ -383,32 +383,41 @@ def _by_paper(table: "pd.DataFrame"):
 
 
 def first_screen(table: "pd.DataFrame") -> str:
-    """What the report's reader wants first, in Markdown, per paper: its claims judged on our runs (abstract
-    rows left out: they sum up the others), how many the rule decided and how (held, not held and why), each
-    decided claim linked to its chapter, and why the rest are undecided (not converged at the budget, fewer
-    than five seeds, a degenerate run, a decision that did not survive Holm's adjustment, a number not
-    comparable on our data) or not judged at all (each entry's reason). Every decision on training runs
-    stands on converged, non-degenerate runs with at least :data:`~.verdicts.MIN_SEEDS` seeds and survived
-    Holm's adjustment within its table or figure, so the counts are of decisions after adjustment; a
-    deterministic count or cost is decided on its measurement."""
+    """What the report's reader wants first, in Markdown, per paper, one paragraph each: its claims judged on our
+    runs (abstract rows left out: they sum up the others), how many the rule decided and how (held, not held and
+    why), why the rest are undecided (not converged at the budget, fewer than five seeds, a degenerate run, a
+    decision that did not survive Holm's adjustment, a number not comparable on our data) and which tables and
+    figures were not judged at all (each entry's reason). Every decision on training runs stands on converged,
+    non-degenerate runs with at least :data:`~.verdicts.MIN_SEEDS` seeds and survived Holm's adjustment within
+    its table or figure, so the counts are of decisions after adjustment; a deterministic count or cost is
+    decided on its measurement. The decided claims themselves: :func:`decided`."""
     from .verdicts import MIN_SEEDS
 
-    out = [f"Every decision below that rests on training runs stands on runs that passed the convergence test and "
-           f"learned something (none degenerate), with at least {MIN_SEEDS} seeds, and survived Holm's adjustment "
-           f"over the claims of its table or figure: the counts are of decisions after adjustment. A deterministic "
-           f"count or cost (bytes) is decided on its measurement."]
-    for paper, judged, decided, undecided, not_judged in _by_paper(table):
-        head = (f"**{paper}**: {len(judged)} claims judged on our runs, {len(decided)} decided"
-                + (f" ({_counted(decided['category'])})" if len(decided) else "")
+    out = []
+    for paper, judged, decided_, undecided, not_judged in _by_paper(table):
+        out += ["", f"**{paper}**: {len(judged)} claims judged on our runs, {len(decided_)} decided"
+                + (f" ({_counted(decided_['category'])})" if len(decided_) else "")
                 + (f"; {len(undecided)} undecided ({_counted(undecided['category'])})" if len(undecided) else "")
                 + (f"; {len(not_judged)} of the paper's tables and figures not judged "
-                   f"({'; '.join(sorted(set(not_judged['evidence'])))})" if len(not_judged) else "") + ".")
-        out += ["", head]
-        if len(decided):
+                   f"({'; '.join(sorted(set(not_judged['evidence'])))})" if len(not_judged) else "") + "."]
+    out += ["", f"Every decision that rests on training runs stands on runs that passed the convergence test and learned "
+                f"something (none degenerate), with at least {MIN_SEEDS} seeds, and survived Holm's adjustment over the "
+                f"claims of its table or figure: the counts are of decisions after adjustment. A deterministic count or "
+                f"cost (bytes) is decided on its measurement."]
+    return "\n".join(out).strip()
+
+
+def decided(table: "pd.DataFrame") -> str:
+    """Every claim the rule decided, in Markdown, paper by paper: its verdict and the claim, linked to its
+    chapter (labelled with the chapter's title); the undecided ones are counted by :func:`first_screen`."""
+    out = []
+    for paper, _, decided_, _, _ in _by_paper(table):
+        out += ["", f"**{paper}**" + ("" if len(decided_) else ": none decided.")]
+        if len(decided_):
             out.append("")
             out += [f"- *{r['verdict']}*: {r['claim']} ([{chapter_title(r['chapter'])}]({r['chapter']}.ipynb))"
-                    for _, r in decided.iterrows()]
-    return "\n".join(out)
+                    for _, r in decided_.iterrows()]
+    return "\n".join(out).strip()
 
 
 def headlines(table: "pd.DataFrame", shown: int = 3, folder: str = "chapters/") -> str:

@@ -630,8 +630,12 @@ def test_every_chapter_shows_its_finding_on_the_first_screen(served_html, smoke_
             if stem not in ("status", "report"):
                 driver.get(f"{served_html}/chapters/{stem}.html")
                 where[stem] = driver.execute_script(FINDING)
+        driver.get(f"{served_html}/chapters/report.html")   # the report: its picture, then its counts per paper
+        picture = driver.execute_script("const i = document.querySelector('article img');"
+                                        "return i ? i.getBoundingClientRect().top + window.scrollY : null;")
     finally:
         driver.quit()
+    assert picture is not None and picture < 800 - 200, f"the report's first picture starts at {picture} px"
     assert len(where) >= 13, where
     missing = [stem for stem, (top, _) in where.items() if top is None]
     assert not missing, f"pages without a 'What we found' paragraph: {missing}"

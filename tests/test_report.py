@@ -191,10 +191,14 @@ def test_first_screen_counts_per_paper_what_was_decided_and_why_the_rest_was_not
     assert distrans.startswith(": 4 claims judged on our runs, 3 decided (2 held, 1 not held (reversed)); "
                                "1 undecided (1 inconclusive (fewer than 5 seeds)); 2 of the paper's tables and "
                                "figures not judged (UMAP_PER_CLIENT is 0; needs MRI volumes).")
+    assert "**FRAug**: 0 claims judged on our runs, 0 decided." in text
+    assert "- *" not in text                                 # counts only: the claims come after the pictures
+    listed = report.decided(report.claims_table(report.read(tmp_path), CATALOGUE))
+    distrans = listed.split("**DisTrans**")[1].split("**OT preprocessing**")[0]
     title = report.chapter_title("distrans")   # each link is labelled with its chapter's title
     assert f"- *held*: Table 1, DH 80%: DisTrans beats FedAvg ([{title}](distrans.ipynb))" in distrans
-    assert "DisTrans beats itself" not in distrans           # undecided claims are counted, not listed
-    assert "**FRAug**: 0 claims judged on our runs, 0 decided." in text
+    assert distrans.count("- *") == 3 and "DisTrans beats itself" not in distrans   # undecided: counted, not listed
+    assert "**FRAug**: none decided." in listed
     # the landing page's findings: the same counts, the held claim first, each linked to its chapter's page
     page = report.headlines(report.claims_table(report.read(tmp_path), CATALOGUE), shown=1)
     distrans = page.split("<strong>DisTrans</strong>")[1].split("<strong>OT preprocessing</strong>")[0]
