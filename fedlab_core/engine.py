@@ -32,6 +32,7 @@ from .convergence import metric_curve, stop_round
 
 log = logging.getLogger("fedlab_core")
 
+EXECUTORS = ("auto", "loop", "batched")
 SERVER = -1  # the "client id" of the server's own random stream (client sampling)
 INIT = -2    # the stream that initialises the model
 
@@ -94,8 +95,9 @@ class Simulation:
         model never stops on the global accuracy.
     executor : how a round's clients train: ``"loop"``, one local update after another (on the workers), or
         ``"batched"``, all together in this process as one vectorised program (:mod:`fedlab_core.batched`;
-        the same maths, other floats). A run the batched executor cannot train (:func:`batched.unsupported`)
-        trains in the loop, and says so once in a logged warning.
+        the same maths, other floats); ``"auto"``: batched on a GPU, the loop on a CPU (where the vectorised
+        program gains nothing). A run the batched executor cannot train (:func:`batched.unsupported`) trains in
+        the loop, and says so once in a logged line (a warning when ``"batched"`` was asked for).
     """
 
     def __init__(self, algorithm: Algorithm, federation: Federation, model: torch.nn.Module, *, seed: int,
@@ -119,13 +121,15 @@ class Simulation:
         self.algorithm.check_model(model)
         algorithm.augment = None if type(self.augment) is Augment else self.augment
         algorithm.num_rounds = num_rounds
-        if executor not in ("loop", "batched"):
-            raise ValueError(f"executor: unknown value {executor!r}; allowed: loop, batched")
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor: unknown value {executor!r}; allowed: {', '.join(EXECUTORS)}")
         self.executor = executor
-        why = batched.unsupported(algorithm, model) if executor == "batched" else None
+        on_gpu = federation.x_test.device.type == "cuda"
+        why = batched.unsupported(algorithm, model) if executor == "batched" or executor == "auto" and on_gpu else None
         if why is not None:
-            log.warning("executor: 'batched' cannot train this run (%s), so its clients train in the loop", why)
-        self.batched = executor == "batched" and why is None
+            (log.warning if executor == "batched" else log.info)(
+                "executor: 'batched' cannot train this run (%s), so its clients train in the loop", why)
+        self.batched = (executor == "batched" or executor == "auto" and on_gpu) and why is None
 
     # ------------------------------------------------------------------ state
 
@@ -172,22 +176,37 @@ class Simulation:
 
     def run_round(self, state: SimulationState) -> dict[str, Any]:
         """One communication round; updates `state` in place and returns its log row."""
-        r = state.next_round
         t0 = time.perf_counter()
-        uploads: list[tuple[int, Message]] = []
-        bytes_up = bytes_down = 0
-        failed: list[tuple[int, Exception]] = []
-        selected = self.sample(r)
-        messages = [self.algorithm.server_message(state.server, cid) for cid in selected]  # in ascending id order
-        bytes_down = sum(m.nbytes for m in messages)
-        if self.batched:  # each client on its own stream for the round, as in _train_client
-            results = batched.local_updates(self.algorithm, [
-                (self.federation.clients[cid], m, state.clients[cid], client_generator(self.seed, r, cid))
-                for cid, m in zip(selected, messages)])
+        r = state.next_round
+        selected, messages = self.messages(state)
+        if self.batched:
+            results = batched.local_updates(self.tasks(state, selected, messages))
         else:
             results = self._map(_train_client, [(r, cid, m, state.clients[cid]) for cid, m in zip(selected, messages)],
                                 lambda i: f"training client {selected[i]} in round {r}",
                                 [self.federation.clients[cid].num_train for cid in selected])
+        return self.end_round(state, selected, messages, results, t0)
+
+    def messages(self, state: SimulationState) -> tuple[list[int], list[Message]]:
+        """The start of a round: the clients sampled for it, and what the server sends each."""
+        selected = self.sample(state.next_round)
+        return selected, [self.algorithm.server_message(state.server, cid) for cid in selected]  # in id order
+
+    def tasks(self, state: SimulationState, selected: list[int], messages: list[Message]) -> list[batched.Task]:
+        """The round's local updates as the batched executor takes them: each client on its own stream for the
+        round, as in :func:`_train_client`."""
+        r = state.next_round
+        return [(self.algorithm, self.federation.clients[cid], m, state.clients[cid], client_generator(self.seed, r, cid))
+                for cid, m in zip(selected, messages)]
+
+    def end_round(self, state: SimulationState, selected: list[int], messages: list[Message],
+                  results: list[tuple[bool, Any]], t0: float) -> dict[str, Any]:
+        """The end of a round whose clients' local updates gave `results` (:meth:`_map`'s form): aggregate,
+        evaluate, log; `t0` is when the round began."""
+        r = state.next_round
+        uploads: list[tuple[int, Message]] = []
+        bytes_up, bytes_down = 0, sum(m.nbytes for m in messages)
+        failed: list[tuple[int, Exception]] = []
         for cid, (ok, value) in zip(selected, results):  # handled in id order, as if run one after another
             if not ok:
                 if isinstance(value, NonFiniteLossError):
@@ -386,6 +405,43 @@ class Simulation:
         if any(u[3] == "val" for u in scores):
             out["client_validation_accuracy"] = per_client["val"]
         return out
+
+
+def run_together(sims: list[Simulation], states: list[SimulationState | None],
+                 on_round_end: list[Callable[[SimulationState], None] | None]) -> list[SimulationState | Exception]:
+    """Several runs trained together: in each round every run that has not ended (its rounds done, or stopped at
+    its plateau) samples its clients, and the local updates of all the batched runs (:attr:`Simulation.batched`)
+    are one batched program (:func:`batched.local_updates`); each run then aggregates, evaluates and logs on its
+    own. A run's numbers are those it has alone: its clients' streams, batches, rates and rounds are its own. The
+    batched runs must share the algorithm's class and settings but for the local training's rates, the model's
+    architecture and the device; a run the batched executor cannot train takes its rounds in the loop, in turn.
+    `states`: where each run resumes (None: from the start); `on_round_end[i]` is called with run i's state
+    after each of its rounds. Returns each run's final state, or the exception that ended it (a diverged run
+    ends; the others go on)."""
+    out: list[SimulationState | Exception] = [sim.initial_state() if st is None else sim.resume_state(st)
+                                              for sim, st in zip(sims, states)]
+    while True:
+        going = [i for i, (sim, st) in enumerate(zip(sims, out)) if isinstance(st, SimulationState)
+                 and st.next_round <= sim.num_rounds and not sim.plateaued(st)]
+        if not going:
+            return out
+        t0 = time.perf_counter()
+        together = [i for i in going if sims[i].batched]
+        rounds = {i: sims[i].messages(out[i]) for i in together}
+        tasks = {i: sims[i].tasks(out[i], *rounds[i]) for i in together}
+        results = batched.local_updates([task for i in together for task in tasks[i]])
+        for i in going:
+            try:
+                if i in rounds:
+                    mine, results = results[:len(tasks[i])], results[len(tasks[i]):]
+                    sims[i].end_round(out[i], *rounds[i], mine, t0)
+                else:
+                    sims[i].run_round(out[i])
+            except Exception as err:  # this run ends here; the others go on
+                out[i] = err
+                continue
+            if on_round_end[i] is not None:
+                on_round_end[i](out[i])
 
 
 # ------------------------------------------------------------------ tasks (run here or on a worker)

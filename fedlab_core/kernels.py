@@ -174,14 +174,17 @@ def cuda_determinism() -> dict[str, object]:
     return {"algorithms": torch.are_deterministic_algorithms_enabled(),
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "cublas_workspace": os.environ.get(CUBLAS_WORKSPACE[0])}
+            "cublas_workspace": os.environ.get(CUBLAS_WORKSPACE[0]),
+            "tf32": torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32}
 
 
 @contextlib.contextmanager
 def deterministic(device) -> Iterator[None]:
     """On a CUDA `device`, deterministic kernels inside the block (the caller's settings restored after): PyTorch's
     deterministic algorithms (an operation that has none raises, naming itself), cuDNN's deterministic
-    convolutions, and no cuDNN autotuning (it picks kernels by timing them). On any other device nothing changes:
+    convolutions, no cuDNN autotuning (it picks kernels by timing them), and float32 arithmetic where PyTorch would
+    let convolutions use TF32 (its ten-bit mantissa moves a run's numbers by about 1e-3 from one kernel to
+    another, so that two executors' runs part after a few rounds). On any other device nothing changes:
     the deterministic algorithms would replace some CPU kernels (an accumulating ``index_put_``, for one), and a
     CPU run's kernels are pinned already (:func:`pin`)."""
     import torch
@@ -190,15 +193,16 @@ def deterministic(device) -> Iterator[None]:
         yield
         return
     cudnn = torch.backends.cudnn
+    matmul = torch.backends.cuda.matmul
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              cudnn.deterministic, cudnn.benchmark)
+              cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
     torch.use_deterministic_algorithms(True)
-    cudnn.deterministic, cudnn.benchmark = True, False
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, False, False, False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        cudnn.deterministic, cudnn.benchmark = before[2], before[3]
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = before[2:]
 
 
 def describe(sig: dict[str, object] | None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -27,7 +28,8 @@ from .data import DATASETS, check_dataset_params, federate, hold_out, load_datas
 from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .convergence import VALIDATION
-from .engine import INIT, Simulation, SimulationState, derive_seed
+from .engine import EXECUTORS, INIT, Simulation, SimulationState, derive_seed
+from .engine import run_together as engine_run_together
 from .kernels import cpu_model, cuda_determinism, deterministic, signature
 from .models import MODELS, build_model, meta_model
 from .parallel import available_cores
@@ -52,9 +54,9 @@ class RunConfig:
     allowed, before any data is loaded or any cache is touched.
 
     ``executor`` is part of the config because the floats differ: the batched executor
-    (:mod:`fedlab_core.batched`) computes the loop's maths in another order. It is "loop" by default on
-    every device for now; once it is measured on a GPU, "batched" is to become the CUDA default for the
-    methods it supports.
+    (:mod:`fedlab_core.batched`) computes the loop's maths in another order. By default ("auto") a run is
+    batched on a GPU, where the method and model allow it, and trains in the loop on a CPU; the run's meta
+    says which executor computed it (``meta["executor"]``).
     """
 
     # what is trained
@@ -91,7 +93,8 @@ class RunConfig:
     weight_decay: float | None = None               # local L2 penalty
     train_transform: str | None = None              # "flip_rotate": random flips and rotations of training images
     # how a round's clients are computed
-    executor: str = "loop"                          # "loop" (clients one by one) or "batched" (vectorised together; other floats)
+    executor: str = "auto"                          # "loop" (clients one by one), "batched" (vectorised together;
+                                                    # other floats) or "auto" (batched on a GPU, else the loop)
     # evaluation and randomness
     eval_every: int = 1                             # evaluate every this many rounds (and after the last)
     stop_at_plateau: bool = False                   # stop once the accuracy curve has converged (num_rounds: the cap)
@@ -149,7 +152,7 @@ FIELD_CONSTRAINTS = {
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
     "eval_every": Range(1), "seed": Range(0), "train_transform": OneOf(*TRAIN_TRANSFORMS),
     "plateau_metric": OneOf("mean_client_accuracy", "global_accuracy", VALIDATION), "patience": Range(1, 100),
-    "executor": OneOf("loop", "batched"),
+    "executor": OneOf(*EXECUTORS),
 }
 
 
@@ -423,22 +426,35 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
     sim = build(config, device, progress, workers)
     state = _read_state(ckpt_path, key, device) if use_cache else None
     resumed_from = 0 if state is None else state.next_round - 1
-
     latest = {"state": state}
+    diverged = None
+    try:
+        state = sim.run(state, on_round_end=_checkpointer(config, key, ckpt_path, use_cache, checkpoint_every, latest))
+    except NonFiniteLossError as err:
+        if on_diverge == "raise":
+            raise
+        diverged, state = str(err), latest["state"]
+    return _record(config, device, key, sim, state, diverged, started, resumed_from,
+                   (result_path, ckpt_path, final_path) if use_cache else None, keep_state)
 
+
+def _checkpointer(config: RunConfig, key: str, ckpt_path: Path, use_cache: bool, checkpoint_every: int,
+                  latest: dict[str, Any]) -> Callable[[SimulationState], None]:
+    """What a run does after each round: remember its state in `latest`, and checkpoint it every
+    `checkpoint_every` rounds (not after the last: the result is written then)."""
     def checkpoint(s: SimulationState) -> None:
         latest["state"] = s
         done = s.next_round - 1
         if use_cache and checkpoint_every and done % checkpoint_every == 0 and done < config.num_rounds:
             _write_state(ckpt_path, key, s)
+    return checkpoint
 
-    diverged = None
-    try:
-        state = sim.run(state, on_round_end=checkpoint)
-    except NonFiniteLossError as err:
-        if on_diverge == "raise":
-            raise
-        diverged, state = str(err), latest["state"]
+
+def _record(config: RunConfig, device: torch.device, key: str, sim: Simulation, state: SimulationState | None,
+            diverged: str | None, started: float, resumed_from: int, paths: tuple[Path, Path, Path] | None,
+            keep_state: bool, together: int = 1) -> History:
+    """A finished (or diverged) run's :class:`History`, written to the cache at `paths` (result, checkpoint,
+    final state; None: not cached), the checkpoint removed. `together`: how many runs were trained together."""
     fed = sim.federation
     rows = state.rows if state is not None else []
     if diverged is None:
@@ -458,6 +474,7 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "samples": {"train": sum(c.num_train for c in fed.clients), "test": len(fed.y_test),
                           "client_test": [len(c.y_test) for c in fed.clients]},
               "failed_clients": sum(r["failed"] for r in rows), "workers": min(sim.workers, fed.num_clients),
+              "executor": "batched" if sim.batched else "loop", "trained_together": together,
               "seconds": time.perf_counter() - started,
               "setup_bytes": list(state.setup_bytes) if state is not None else [0, 0],
               "resumed_from_round": resumed_from, "diverged": diverged,
@@ -470,12 +487,78 @@ def _run(config, device, workers, key, result_path, ckpt_path, final_path, use_c
               "unchanged_under_noise": input_dependence(sim, state) if diverged is None and rows else None},
     )
     history = History.from_json(history.to_json())  # the same normalised form a cache hit returns
-    if use_cache:
+    if paths is not None:
+        result_path, ckpt_path, final_path = paths
         if keep_state and state is not None:
             _write_state(final_path, key, state)
         _atomic_write(result_path, lambda f: f.write(history.to_json().encode()))
         ckpt_path.unlink(missing_ok=True)
     return history
+
+
+def together_key(config: RunConfig) -> str:
+    """What runs trained together share (:func:`run_many`): the config but for the seed and the local training's
+    rates. Runs with the same key form one batched program: a tuning grid's rates and its seeds, say."""
+    return json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "lr", "momentum", "weight_decay")},
+                      sort_keys=True, default=str)
+
+
+def run_many(configs: list[RunConfig], *, cache_dir: str | Path | None = None, use_cache: bool = True,
+             checkpoint_every: int = 1, device: str | torch.device = "auto", progress: bool | None = None,
+             keep_state: bool = False, on_diverge: str = "raise") -> list[History]:
+    """:func:`run` for each config, the runs that share a :func:`together_key` trained together, as one batched
+    program (:func:`fedlab_core.engine.run_together`): the runs of a tuning grid or of several seeds, in one
+    process, on one device (the GPU's use; on a CPU a sweep's runs in parallel processes are faster). Each run's
+    numbers are those of the same config run alone; the cache, the archive, checkpoints (a killed group resumes
+    each run from its own) and `on_diverge` work as in :func:`run`. A run is batched where its ``executor`` says
+    so ("batched", or "auto" on a GPU) and the executor can train its method and model; one that is not takes
+    its rounds in the loop, in one thread."""
+    if on_diverge not in ("raise", "record"):
+        raise ValueError(f"on_diverge: unknown value {on_diverge!r}; allowed: raise, record")
+    device = resolve_device(device)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    out: list[History | None] = [stored(c, cache_dir=folder, device=device, keep_state=keep_state) if use_cache else None
+                                 for c in configs]
+    if use_cache and any(h is None for h in out):
+        check_writable(folder, "cache_dir" if cache_dir is not None else
+                       "FEDLAB_CACHE_DIR" if os.environ.get("FEDLAB_CACHE_DIR") else "the default cache folder")
+    groups: dict[str, list[int]] = {}
+    for i, h in enumerate(out):
+        if h is None:
+            groups.setdefault(together_key(configs[i]), []).append(i)
+    for group in groups.values():
+        with one_thread(), deterministic(device):
+            for i, history in zip(group, _together([configs[i] for i in group], device, folder, use_cache,
+                                                   checkpoint_every, progress, keep_state, on_diverge)):
+                out[i] = history
+                if use_cache:
+                    key = cache_key(configs[i], device)
+                    _to_archive(history, configs[i], device, folder / f"{key}.final" if keep_state else None, key)
+    return out
+
+
+def _together(configs: list[RunConfig], device: torch.device, folder: Path, use_cache: bool, checkpoint_every: int,
+              progress: bool | None, keep_state: bool, on_diverge: str) -> list[History]:
+    """The body of :func:`run_many` for one group: build each run, resume each, train them together, record each."""
+    started = time.perf_counter()
+    keys = [cache_key(c, device) for c in configs]
+    paths = [(folder / f"{k}.json", folder / f"{k}.ckpt", folder / f"{k}.final") for k in keys]
+    sims = [build(c, device, progress=False) for c in configs]
+    states = [_read_state(p[1], k, device) if use_cache else None for k, p in zip(keys, paths)]
+    latest = [{"state": s} for s in states]
+    resumed_from = [0 if s is None else s.next_round - 1 for s in states]  # before the states move on
+    ends = engine_run_together(sims, states, [_checkpointer(c, k, p[1], use_cache, checkpoint_every, l)
+                                              for c, k, p, l in zip(configs, keys, paths, latest)])
+    out = []
+    for c, k, p, sim, start, end, l in zip(configs, keys, paths, sims, resumed_from, ends, latest):
+        diverged = None
+        if isinstance(end, Exception):
+            if not isinstance(end, NonFiniteLossError) or on_diverge == "raise":
+                raise end
+            diverged, end = str(end), l["state"]
+        out.append(_record(c, device, k, sim, end, diverged, started, start,
+                           p if use_cache else None, keep_state, together=len(configs)))
+    return out
 
 
 def trained(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",

@@ -16,7 +16,7 @@ import torch
 
 from .parallel import end_with_parent
 from .progress import Report
-from .runs import RunConfig, run, stored
+from .runs import RunConfig, resolve_device, run, run_many, stored, together_key
 from .store import History
 from .verdicts import mean_std
 
@@ -150,6 +150,27 @@ class BudgetSpent(RuntimeError):
     """The time budget of a chunked computation ($FEDLAB_DEADLINE) ran out; finished runs are stored."""
 
 
+def _on_gpu(configs: list[RunConfig], missing: list[int], results: list[History | None], deadline: float,
+            run_kwargs: dict[str, Any]) -> list[History]:
+    """:func:`sweep`'s missing runs on a GPU: the runs that can be trained together (:func:`run_many`'s groups: a
+    grid's rates and seeds) trained as one batched program each, one group after another, in this process."""
+    groups: dict[str, list[int]] = {}
+    for i in missing:
+        groups.setdefault(together_key(configs[i]), []).append(i)
+    report = Report(configs, missing, 1, lines=True)
+    for n, group in enumerate(groups.values()):
+        if time.time() >= deadline:
+            raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(groups) - n} of {len(groups)} "
+                              "groups of runs of this sweep left; the finished ones are stored, so the same command "
+                              "continues")
+        for i in group:
+            report.start(i)
+        for i, history in zip(group, run_many([configs[i] for i in group], **run_kwargs)):
+            results[i] = history
+            report.finish(i)
+    return results
+
+
 def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers: int | None = None,
           **run_kwargs) -> list[History]:
     """Run many configs in parallel; results come back in the order given.
@@ -161,6 +182,9 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
         here, not re-run; the others are computed, and their progress reported as they go: the count and an
         estimate before they start, a bar on a terminal, elsewhere a line as each ends (:mod:`.progress`). A run that diverges
         is recorded with NaN metrics (``on_diverge="record"``) unless told otherwise.
+
+    On a GPU (``device`` "cuda", or "auto" where CUDA is present) the runs are computed in this process, those that
+    share a model, method and data (seeds, rates) trained together as one batched program (:func:`run_many`).
 
     With ``$FEDLAB_DEADLINE`` set (a Unix time), no run starts after it: the runs in flight finish (and are
     stored), then :class:`BudgetSpent` is raised, so a long computation proceeds in chunks.
@@ -184,6 +208,8 @@ def sweep(configs: Iterable[RunConfig], backend: str | None = None, max_workers:
     if not missing:
         return results
     deadline = float(os.environ.get("FEDLAB_DEADLINE") or "inf")
+    if resolve_device(run_kwargs.get("device", "auto")).type == "cuda":
+        return _on_gpu(configs, missing, results, deadline, run_kwargs)
     bar = tqdm(total=len(missing), desc=f"computing {len(missing)} of {len(configs)} runs", unit="run",
                disable=None)  # on a terminal only; elsewhere (a notebook, a log) the report prints lines
     if backend == "ray":

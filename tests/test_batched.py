@@ -12,7 +12,7 @@ from fedlab_core import RunConfig, run
 from fedlab_core import __main__ as cli
 from fedlab_core.algorithms import ALGORITHMS, Algorithm, NonFiniteLossError
 from fedlab_core.engine import Simulation
-from fedlab_core.runs import build
+from fedlab_core.runs import build, run_many
 
 CPU = torch.device("cpu")
 # unequal Dirichlet shards, two passes of batch 16 (a shorter last batch per pass), momentum and weight decay
@@ -92,9 +92,17 @@ def test_a_diverging_batched_run_stops_where_the_loop_does():
 
 def test_clients_in_chunks_train_as_they_do_together(monkeypatch):
     together = _rounds(CASE.replace(executor="batched"))
-    monkeypatch.setattr("fedlab_core.batched.CHUNK", 2)
+    monkeypatch.setattr("fedlab_core.batched.CHUNK", {"cpu": 2})
     chunked = _rounds(CASE.replace(executor="batched"))
     assert all((a - b).abs().max() <= PARAM_TOL for a, b in zip(together[1], chunked[1], strict=True))
+
+
+def test_steps_padded_to_a_fixed_width_give_each_client_its_own_numbers(monkeypatch):
+    plain = _rounds(CASE.replace(executor="batched"))
+    monkeypatch.setattr("fedlab_core.batched.WIDTH", {"cpu": 3})  # 5 clients: calls of 3, the second padded by one
+    padded = _rounds(CASE.replace(executor="batched"))
+    assert _numbers(plain[0]) == _numbers(padded[0])
+    assert all(torch.equal(a, b) for a, b in zip(plain[1], padded[1], strict=True))
 
 
 def test_batched_runs_are_bit_identical():
@@ -159,3 +167,59 @@ def test_a_bad_executor_is_refused_in_one_line(capsys):
     assert cli.main(["run", "--executor", "vmap", "--dataset", "digits"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --executor: "), lines
+
+
+# ------------------------------------------------------------------ runs trained together (runs.run_many)
+
+GRID = [CASE.replace(executor="batched", seed=seed, lr=lr) for seed in (0, 1) for lr in (0.02, 0.05)]
+
+
+def test_runs_trained_together_are_the_runs_trained_alone(tmp_path):
+    together = run_many(GRID + [CASE.replace(executor="batched", algorithm="fedprox", algorithm_params={"mu": 0.1})],
+                        cache_dir=tmp_path, progress=False)
+    for config, history in zip(GRID, together):
+        alone = run(config, use_cache=False, progress=False, workers=1)
+        assert _numbers(history.rounds) == _numbers(alone.rounds), (config.seed, config.lr)
+        assert history.meta["trained_together"] == len(GRID) and history.meta["executor"] == "batched"
+    assert together[-1].meta["trained_together"] == 1  # another method: a group of its own
+    assert run_many(GRID, cache_dir=tmp_path)[1].meta["key"] == together[1].meta["key"]  # read back, not re-run
+
+
+def test_a_diverging_run_ends_alone_and_the_others_go_on():
+    configs = [GRID[0], GRID[1].replace(lr=50.0)]
+    histories = run_many(configs, use_cache=False, on_diverge="record")
+    assert histories[1].meta["diverged"] and "client 1 in round 3" in histories[1].meta["diverged"]
+    assert not histories[0].meta["diverged"] and len(histories[0].rounds) == CASE.num_rounds
+    with pytest.raises(NonFiniteLossError):
+        run_many(configs, use_cache=False)
+
+
+def test_runs_trained_together_resume_from_their_checkpoints(tmp_path, monkeypatch):
+    configs = [c.replace(num_rounds=4) for c in GRID[:2]]
+    original = Simulation.end_round
+
+    def end_round(self, state, *args):  # the group dies in its third round, two checkpoints written per run
+        if state.next_round > 2:
+            raise _Stop
+        return original(self, state, *args)
+    with monkeypatch.context() as m:
+        m.setattr(Simulation, "end_round", end_round)
+        with pytest.raises(_Stop):
+            run_many(configs, cache_dir=tmp_path)
+    resumed = run_many(configs, cache_dir=tmp_path)
+    whole = run_many(configs, use_cache=False)
+    for a, b in zip(resumed, whole, strict=True):
+        assert a.meta["resumed_from_round"] == 2 and _numbers(a.rounds) == _numbers(b.rounds)
+
+
+def test_a_run_it_cannot_batch_takes_its_rounds_in_the_loop_beside_the_batched_ones():
+    configs = [GRID[0], CASE.replace(algorithm="scaffold", executor="batched")]
+    histories = run_many(configs, use_cache=False)
+    assert [h.meta["executor"] for h in histories] == ["batched", "loop"]
+    alone = run(configs[1], use_cache=False, progress=False, workers=1)
+    assert _numbers(histories[1].rounds) == _numbers(alone.rounds)
+
+
+def test_auto_is_the_loop_on_a_cpu():
+    history = run(CASE.replace(num_rounds=1), use_cache=False, progress=False, workers=1)
+    assert RunConfig().executor == "auto" and history.meta["executor"] == "loop"
