@@ -156,7 +156,7 @@ def test_a_run_it_cannot_batch_trains_in_the_loop_and_says_so_once(changes, reas
 def test_every_batched_method_keeps_the_base_local_step():
     for name in BATCHED:
         cls = ALGORITHMS[name]
-        for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches"):
+        for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches", "loss"):
             assert getattr(cls, method) is getattr(Algorithm, method), f"{name} overrides {method}"
 
 
