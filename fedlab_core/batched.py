@@ -26,8 +26,11 @@ Runs trained together (:func:`fedlab_core.engine.run_together`): the clients of 
 seeds, step together too, grouped by their run's rates; each run's numbers are those it has alone (on a GPU
 because each mapped step holds a fixed :data:`WIDTH` of clients).
 
+Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix, normalisation; OT alignment
+acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
+
 Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own,
-augmentations (they act inside the step), Adam, and models with buffers (batch-norm statistics would need
+AdvProp (its adversarial batch needs the model), Adam, and models with buffers (batch-norm statistics would need
 per-client handling) or dropout (it draws from the global stream per client).
 """
 from __future__ import annotations
@@ -61,7 +64,7 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
         return f"{algorithm.name!r} has a local step of its own"
     if type(algorithm).loss is not Algorithm.loss:
         return f"{algorithm.name!r} has a loss of its own (padded batches need the mean cross-entropy)"
-    if algorithm.augment is not None:
+    if algorithm.augment is not None and not algorithm.augment.batched:
         return f"augmentation {type(algorithm.augment).__name__} acts inside the local step"
     if algorithm.training.optimizer != "sgd":
         return f"optimizer {algorithm.training.optimizer!r} is not batched yet (sgd is)"
@@ -122,9 +125,7 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
             contexts.append(algorithm.start(message, state))
             params = dict(algorithm.model.named_parameters())
             starts.append({n: p.detach().clone() for n, p in params.items() if p.requires_grad})
-            # the loop's draws in the loop's order: a pass's permutation, then each batch's transform
-            transform = TRAIN_TRANSFORMS[algorithm.training.train_transform]
-            batches.append([(x if transform is None else transform(x, rng), y) for x, y in algorithm.batches(data, rng)])
+            batches.append(_drawn(algorithm, data, rng))
             live.append(i)
         except Exception as err:
             results[i] = (False, err)
@@ -146,6 +147,20 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
         except Exception as err:
             results[i] = (False, err)
     return results
+
+
+def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The client's batches as its local update would train on them: the loop's draws in the loop's order (a
+    pass's permutation, then each batch's training transform and the augmentation's transform)."""
+    transform = TRAIN_TRANSFORMS[algorithm.training.train_transform]
+    out = []
+    for x, y in algorithm.batches(data, rng):
+        if transform is not None:
+            x = transform(x, rng)
+        if algorithm.augment is not None:
+            x, y = algorithm.augment.train_batch(algorithm.model, x, y, data.cid, rng)
+        out.append((x, y))
+    return out
 
 
 def _rates(algorithm: Algorithm) -> tuple[float, float, float]:

@@ -77,6 +77,11 @@ def test_batched_and_loop_agree_with_convolutions_and_local_steps():
     _agree(config)
 
 
+@pytest.mark.parametrize("augment", ["fedrdn", "mixup", "naivemix", "normalize"])
+def test_batched_and_loop_agree_with_an_augmentation(augment):
+    _agree(CASE.replace(augment=augment))
+
+
 def test_batched_and_loop_agree_with_a_training_transform():
     _agree(CASE.replace(train_transform="flip_rotate"))  # its draws interleave with the batches' permutations
 
@@ -139,7 +144,7 @@ def test_a_batched_run_resumes_from_its_checkpoint_to_the_same_numbers(tmp_path,
 
 @pytest.mark.parametrize("changes, reason", [
     ({"algorithm": "scaffold"}, "'scaffold' has a local step of its own"),
-    ({"augment": "mixup"}, "augmentation"),
+    ({"augment": "advprop", "model": "mlp_bn"}, "augmentation AdvProp"),
     ({"optimizer": "adam"}, "optimizer 'adam'"),
     ({"model": "mlp_bn"}, "buffers"),
 ])

@@ -89,6 +89,7 @@ class AdvProp(Augment):
     """
 
     name = "advprop"
+    batched = False  # its adversarial batch is the model's gradient
     constraints = {"epsilon": Range(0, low_open=True), "steps": Range(1), "step_size": Range(0)}
 
     def __init__(self, epsilon: float = 2 / 255, steps: int = 1, step_size: float = 0.0,

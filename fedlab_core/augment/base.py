@@ -9,6 +9,8 @@ statistics). The base class does nothing, which is the "none" augmentation.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -20,11 +22,14 @@ from ..params import Configurable
 class Augment(Configurable):
     """No augmentation; the hooks others override. Constructing one checks its arguments against its
     ``constraints`` and annotations (:mod:`fedlab_core.params`). ``shares`` says in words what a client
-    sends for it beyond the algorithm's messages ("" for nothing)."""
+    sends for it beyond the algorithm's messages ("" for nothing). ``batched`` says whether :meth:`train_batch`
+    reads only the batch and the client's generator (not the model, nor torch's global stream), so that the
+    batched executor (:mod:`fedlab_core.batched`) can apply it as the batches are drawn."""
 
     name = "none"
     shares = ""
     not_settings = ()
+    batched: ClassVar[bool] = True
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Before the algorithm sees the model: return it, or a wrapper around it."""
