@@ -4,7 +4,8 @@ The loop (:func:`fedlab_core.engine._train_client`) runs one client's :meth:`Alg
 another. Here, for an algorithm that declares ``batched`` (its local update is :meth:`Algorithm.start`, the
 base :meth:`Algorithm.train_local`, then :meth:`Algorithm.finish`), every client in a chunk of the round's
 clients takes each optimiser step at once: one ``torch.func.vmap`` of ``grad`` over ``functional_call`` of
-the algorithm's own :meth:`Algorithm.loss`, its :meth:`Algorithm.correct` (FedProx's proximal pull) and SGD
+the algorithm's own :meth:`Algorithm.loss`, its :meth:`Algorithm.correct` (FedProx's proximal pull, SCAFFOLD's
+control variates) and SGD
 with the run's momentum and weight decay, written functionally. Nothing of a method is stated twice: the
 start, the loss, the gradient correction and the upload are the algorithm's own.
 
@@ -62,8 +63,9 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
     `algorithm.augment` is the run's augmentation (None: none)."""
     if not algorithm.batched:
         return f"{algorithm.name!r} has a local step of its own"
-    if type(algorithm).loss is not Algorithm.loss:
-        return f"{algorithm.name!r} has a loss of its own (padded batches need the mean cross-entropy)"
+    for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches", "loss"):
+        if getattr(type(algorithm), method) is not getattr(Algorithm, method):  # a subclass's, say a lab's
+            return f"{algorithm.name!r} has a local step of its own ({method}; padded batches need the base one)"
     if algorithm.augment is not None and not algorithm.augment.batched:
         return f"augmentation {type(algorithm.augment).__name__} acts inside the local step"
     if algorithm.training.optimizer != "sgd":

@@ -88,6 +88,15 @@ def local_samples(n: int, training: Training) -> int:
     return full * sum(sizes) + sum(sizes[:rest])
 
 
+def local_steps_taken(n: int, training: Training) -> int:
+    """The optimiser steps one client with `n` training samples takes in a round of :meth:`Algorithm.batches`:
+    a step per mini-batch of its `local_epochs` passes, or `local_steps` (none without a batch to draw)."""
+    per_pass = len(pass_slices(n, training.batch_size))
+    if training.local_steps:
+        return training.local_steps if per_pass else 0
+    return training.local_epochs * per_pass
+
+
 class FlatState:
     """A view of some of a module's floating-point state entries as one flat vector.
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..params import Range
-from .base import Algorithm, FlatState, Message, Training, weighted_mean
+from .base import Algorithm, FlatState, Message, Training, local_steps_taken, weighted_mean
 
 
 class Scaffold(Algorithm):
@@ -38,6 +38,7 @@ class Scaffold(Algorithm):
     """
 
     name = "scaffold"
+    batched = True
     shares = "the change of its control variate, every round"
     constraints = {"server_lr": Range(0, low_open=True)}
     paper_training = Training(local_epochs=1, batch_size=32, lr=0.05)
@@ -61,48 +62,50 @@ class Scaffold(Algorithm):
         return Message({"weights": server_state["weights"], "control": server_state["control"]})
 
     @staticmethod
-    def corrected_gradient(grad: torch.Tensor, c: torch.Tensor, c_i: torch.Tensor) -> torch.Tensor:
-        """The corrected local gradient ``g + c - c_i`` of one parameter (computed in `grad`'s storage)."""
-        return grad.add_(c).sub_(c_i)
-
-    @staticmethod
     def control_update(c_i: torch.Tensor, c: torch.Tensor, w_global: torch.Tensor, w_local: torch.Tensor,
                        num_steps: int, lr: float) -> torch.Tensor:
         """Option II: the client's new variate ``c_i - c + (w_global - w_local) / (K lr)`` (flat, (Q,))."""
         return c_i - c + (w_global - w_local) / (num_steps * lr)
 
-    def local_update(self, message, client_state, data, rng):
-        w_global, c = message.tensors["weights"], message.tensors["control"]  # (P,), (Q,)
+    def start(self, message, client_state) -> dict[str, torch.Tensor]:
+        super().start(message, client_state)
+        self._global, self._control = message.tensors["weights"], message.tensors["control"]  # (P,), (Q,)
         c_i = client_state["control"]  # (Q,)
-        modules = dict(self.model.named_parameters())
-        self._corrections = [(modules[name], self.params.view(c, name), self.params.view(c_i, name))
-                             for name in self.params.names]
-        self._steps = 0
-        try:
-            self.load(w_global, client_state)
-            loss = self.train_local(data, rng, client_state)
-        finally:
-            self._corrections = []
+        # each corrected parameter's slices of c and c_i: the context of its steps
+        self._context = {**{f"c.{name}": self.params.view(self._control, name) for name in self.params.names},
+                         **{f"c_i.{name}": self.params.view(c_i, name) for name in self.params.names}}
+        return self._context
+
+    @staticmethod
+    def corrected_gradient(grad: torch.Tensor, c: torch.Tensor, c_i: torch.Tensor) -> torch.Tensor:
+        """The corrected local gradient ``g + c - c_i`` of one parameter."""
+        return grad.add(c).sub(c_i)
+
+    def correct(self, grads, params, context):
+        return {name: self.corrected_gradient(g, context[f"c.{name}"], context[f"c_i.{name}"])
+                if f"c.{name}" in context else g for name, g in grads.items()}
+
+    @torch.no_grad()
+    def before_step(self, client_state: dict[str, Any]) -> None:
+        params = {name: p for name, p in self.model.named_parameters() if f"c.{name}" in self._context}
+        # the correction applies even where the loss has no gradient
+        grads = {name: torch.zeros_like(p) if p.grad is None else p.grad for name, p in params.items()}
+        for name, grad in self.correct(grads, params, self._context).items():
+            params[name].grad = grad
+
+    def finish(self, data, loss, client_state):
+        c, c_i, w_global = self._control, client_state["control"], self._global
         upload = self.upload(data, loss, client_state)  # the trained weights, local entries kept
         w_i = upload.tensors.pop("weights")  # (P,)
-        if self._steps:
-            new_c_i = self.control_update(c_i, c, w_global[self.param_mask], w_i[self.param_mask], self._steps,
+        steps = local_steps_taken(data.num_train, self.training)
+        if steps:
+            new_c_i = self.control_update(c_i, c, w_global[self.param_mask], w_i[self.param_mask], steps,
                                           self.training.lr)
         else:  # no step taken: nothing learnt about the local gradient
             new_c_i = c_i.clone()
         upload.tensors["delta"] = w_i - w_global
         upload.tensors["delta_control"] = new_c_i - c_i
         return upload, {**client_state, "control": new_c_i}
-
-    def train_step(self, x, y, opt, client_state):
-        self._steps += 1
-        return super().train_step(x, y, opt, client_state)
-
-    @torch.no_grad()
-    def before_step(self, client_state: dict[str, Any]) -> None:
-        for p, c, c_i in self._corrections:
-            # the correction applies even where the loss has no gradient
-            p.grad = self.corrected_gradient(torch.zeros_like(p) if p.grad is None else p.grad, c, c_i)
 
     def aggregate(self, server_state, uploads: list[tuple[int, Message]], round_idx) -> dict[str, Any]:
         w, c = server_state["weights"], server_state["control"]  # (P,), (Q,)
