@@ -152,11 +152,37 @@ def provenance(h: "History") -> dict[str, Any]:
     archived = archive_key(RunConfig(**h.config), meta.get("device", "cpu"))
     return {"seed": h.config["seed"], "key": meta.get("key"), "code_version": meta.get("code_version"),
             "archive_key": archived, "archived": Archive().paths(archived)[0].exists(),
-            "device": meta.get("device"), "data_checksum": meta.get("data_checksum"),
+            "device": meta.get("device"), "executor": meta.get("executor", "loop"),
+            "data_checksum": meta.get("data_checksum"),
             "split_hash": meta.get("split_hash"), "threads": meta.get("threads"),
             "versions": meta.get("versions"), "dataset": h.config["dataset"],
             "model": h.config["model"], "algorithm": h.config["algorithm"], "num_rounds": h.config["num_rounds"],
             "train_samples": (meta.get("samples") or {}).get("train")}
+
+
+def provenance_table(results: Mapping[str, Mapping[str, Any]]) -> "pd.DataFrame":
+    """One row per chapter of :func:`read`'s results: how many runs its verdicts rest on, their seeds, how many
+    code versions, data checksums and splits they span, their thread counts, PyTorch versions, and where they
+    were computed (device and executor, with counts: "cpu, loop: 120")."""
+    import pandas as pd
+
+    rows = []
+    for chapter, res in results.items():
+        runs = list({r["key"]: r for row in res["rows"] for side in row["runs"] for r in side}.values())
+        if not runs:
+            continue
+        where: dict[str, int] = {}
+        for r in runs:
+            place = f"{r.get('device') or 'cpu'}, {r.get('executor') or 'loop'}"
+            where[place] = where.get(place, 0) + 1
+        rows.append({"chapter": chapter, "runs": len(runs), "seeds": ", ".join(map(str, sorted({r["seed"] for r in runs}))),
+                     "code versions": len({r["code_version"] for r in runs}),
+                     "data checksums": len({r["data_checksum"] for r in runs}),
+                     "splits": len({r["split_hash"] for r in runs}),
+                     "threads": ", ".join(map(str, sorted({r["threads"] for r in runs}))),
+                     "torch": ", ".join(sorted({r["versions"]["torch"] for r in runs})),
+                     "computed on": "; ".join(f"{k}: {n}" for k, n in sorted(where.items()))})
+    return pd.DataFrame(rows)
 
 
 def _number(x: float | None) -> float | None:

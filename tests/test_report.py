@@ -243,3 +243,14 @@ def test_the_stopping_replay_measures_how_far_a_stop_lies_from_the_end_per_patie
     assert table.loc[1, "share over 2 points"] == pytest.approx(0.5)
     # twelve passes in a row never happen in `late`'s first flat stretch: it is not stopped at all
     assert table.loc[12, "share over 2 points"] == 0.0 and table.loc[12, "median |end - stop| (points)"] == pytest.approx(0.0)
+
+
+def test_the_provenance_table_says_where_each_chapters_runs_were_computed():
+    def entry(key, device, executor=None):
+        r = {"key": key, "seed": 0, "code_version": "v", "data_checksum": "d", "split_hash": "s", "threads": 1,
+             "versions": {"torch": "2.14.1"}, "device": device}
+        return r if executor is None else {**r, "executor": executor}  # records before the executor was kept lack it
+    results = {"quickstart": {"rows": [{"runs": [[entry("a", "cpu"), entry("b", "cpu", "loop")],
+                                                 [entry("c", "cuda", "batched"), entry("a", "cpu")]]}]}}
+    table = report.provenance_table(results)
+    assert table.loc[0, "runs"] == 3 and table.loc[0, "computed on"] == "cpu, loop: 2; cuda, batched: 1"
