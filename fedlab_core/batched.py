@@ -31,8 +31,10 @@ Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix,
 acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
 
 Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own,
-AdvProp (its adversarial batch needs the model), Adam, and models with buffers (batch-norm statistics would need
-per-client handling) or dropout (it draws from the global stream per client).
+AdvProp (its adversarial batch needs the model), Adam, models with buffers other than batch norm's, and dropout
+(it draws from the global stream per client). Batch norm keeps each client's own running statistics and
+computes a batch's statistics over its real samples (:func:`_norm`): the loop's formulas, summed in another
+order.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.func import functional_call, grad_and_value, vmap
 
 from .algorithms.base import Algorithm, Message, mean_loss
@@ -70,35 +73,72 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
         return f"augmentation {type(algorithm.augment).__name__} acts inside the local step"
     if algorithm.training.optimizer != "sgd":
         return f"optimizer {algorithm.training.optimizer!r} is not batched yet (sgd is)"
-    if any(True for _ in model.buffers()):
-        return f"{type(model).__name__} has buffers (batch-norm statistics), which are not batched yet"
+    norms = {f"{m}.{b}" for m, mod in model.named_modules() if isinstance(mod, _BatchNorm)
+             for b, _ in mod.named_buffers(recurse=False)}
+    other = [n for n, _ in model.named_buffers() if n not in norms]
+    if other:
+        return f"{type(model).__name__} has buffers other than batch norm's ({other[0]}), which are not batched"
     if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules()):
         return f"{type(model).__name__} has dropout, which draws from the global stream"
     return None
+
+
+def _norm(module: _BatchNorm, x: torch.Tensor, real: torch.Tensor, out: dict[str, torch.Tensor], name: str
+          ) -> torch.Tensor:
+    """`module`'s batch norm in training mode over the real samples of `x` only (`real`: (B,) bool), as
+    ``F.batch_norm`` computes it on them: the batch's mean and biased variance per channel normalise every row,
+    and the running statistics (the module's, as ``functional_call`` put them) move towards the mean and the
+    unbiased variance; their new values go to `out` under the buffers' names, the module's own are not touched."""
+    dims = [0] + list(range(2, x.dim()))
+    weight = real.to(x.dtype).view(-1, *[1] * (x.dim() - 1))  # (B, 1, ...)
+    count = (real.sum() * (x[0, 0].numel())).clamp(min=1).to(x.dtype)  # real values per channel
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    mean = (x * weight).sum(dims) / count  # (C,)
+    var = ((x - mean.view(shape)) * weight).square().sum(dims) / count
+    y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + module.eps)
+    if module.affine:
+        y = y * module.weight.view(shape) + module.bias.view(shape)
+    if module.track_running_stats and module.running_mean is not None:
+        tracked = module.num_batches_tracked + 1
+        factor = 1.0 / tracked if module.momentum is None else module.momentum
+        out[f"{name}.running_mean"] = module.running_mean * (1 - factor) + mean.detach() * factor
+        out[f"{name}.running_var"] = (module.running_var * (1 - factor)
+                                      + (var * count / (count - 1).clamp(min=1)).detach() * factor)
+        out[f"{name}.num_batches_tracked"] = tracked
+    return y
 
 
 class _Loss(nn.Module):
     """The algorithm's loss as a module over the workspace model, so that ``functional_call`` can put any
     parameters into the model while :meth:`Algorithm.loss` runs, on a batch padded to full size: the padding's
     logits are replaced (a forward hook) by constants whose cross-entropy is exactly zero and that carry no
-    gradient, so the loss is the real samples' summed loss over the full batch size (rescaled in :func:`_stepper`)."""
+    gradient, so the loss is the real samples' summed loss over the full batch size (rescaled in :func:`_stepper`);
+    batch norm computes its statistics over the real samples (:func:`_norm`). Returns the loss and the batch-norm
+    buffers' new values."""
 
     def __init__(self, algorithm: Algorithm):
         super().__init__()
         self.model = algorithm.model
         self.algorithm = algorithm
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         def pad(module, args, logits):
             if y.is_floating_point():  # soft targets: a zero row's cross-entropy is zero whatever the logits
                 return torch.where(real[:, None], logits, logits.detach())
             hit = torch.arange(logits.shape[-1], device=logits.device) == y[:, None]
             return torch.where(real[:, None], logits, torch.where(hit, 0.0, PAD_LOGIT).to(logits.dtype))
+        buffers: dict[str, torch.Tensor] = {}
+        norms = [(n, m) for n, m in self.model.named_modules() if isinstance(m, _BatchNorm)]
+        for n, m in norms:
+            m.forward = lambda inp, m=m, n=n: _norm(m, inp, real, buffers, n)
         hook = self.model.register_forward_hook(pad)
         try:
-            return self.algorithm.loss(x, y, {})  # a batched method's loss reads only the model and the batch
+            return self.algorithm.loss(x, y, {}), buffers  # a batched method's loss reads only the model and the batch
         finally:
             hook.remove()
+            for _, m in norms:
+                del m.forward
 
 
 Task = tuple[Algorithm, ClientData, Message, dict[str, Any], torch.Generator]
@@ -126,7 +166,8 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
         try:
             contexts.append(algorithm.start(message, state))
             params = dict(algorithm.model.named_parameters())
-            starts.append({n: p.detach().clone() for n, p in params.items() if p.requires_grad})
+            starts.append({**{n: p.detach().clone() for n, p in params.items() if p.requires_grad},
+                           **{n: b.detach().clone() for n, b in algorithm.model.named_buffers()}})
             batches.append(_drawn(algorithm, data, rng))
             live.append(i)
         except Exception as err:
@@ -141,10 +182,10 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
         algorithm, data, message, state, _ = tasks[i]
         try:
             algorithm.start(message, state)  # the client's whole starting model, then its trained parameters
-            params = dict(algorithm.model.named_parameters())
+            entries = {**dict(algorithm.model.named_parameters()), **dict(algorithm.model.named_buffers())}
             with torch.no_grad():
                 for n, v in trained[j].items():
-                    params[n].copy_(v)
+                    entries[n].copy_(v)
             results[i] = (True, algorithm.finish(data, mean_loss(totals[j], len(batches[j])), state))
         except Exception as err:
             results[i] = (False, err)
@@ -173,15 +214,16 @@ def _rates(algorithm: Algorithm) -> tuple[float, float, float]:
 
 def _stepper(algorithm: Algorithm, names: list[str], lr: float, momentum: float, weight_decay: float):
     """One client's SGD step (torch.optim.SGD's arithmetic, op for op), mapped over clients: (parameters,
-    momenta, correction context, x, y, which samples are real, whether the client has a batch at all) stacked by
-    client, to new parameters, momenta and losses. A padded batch's loss and gradients are rescaled from the full
+    momenta, buffers, correction context, x, y, which samples are real, whether the client has a batch at all)
+    stacked by client, to new parameters, momenta, buffers and losses. A padded batch's loss and gradients are rescaled from the full
     batch size to its real samples (by exactly 1 for a full batch); a client without a batch keeps its
     parameters and momentum, weight decay included, and adds nothing to its loss."""
     loss_module = _Loss(algorithm)
 
-    def step(p, m, context, x, y, real, live):
-        grads, loss = grad_and_value(lambda q: functional_call(loss_module, {f"model.{n}": v for n, v in q.items()},
-                                                               (x, y, real)))(p)
+    def step(p, m, b, context, x, y, real, live):
+        grads, (loss, new_b) = grad_and_value(lambda q: functional_call(
+            loss_module, {f"model.{n}": v for n, v in (q | b).items()}, (x, y, real)), has_aux=True)(p)
+        new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items()}  # a client without a batch keeps its own
         scale = real.numel() / real.sum().clamp(min=1)
         grads = algorithm.correct({n: g * scale for n, g in grads.items()}, p, context)
         new_p, new_m = {}, {}
@@ -193,7 +235,7 @@ def _stepper(algorithm: Algorithm, names: list[str], lr: float, momentum: float,
                 new_m[n] = torch.where(live, (m[n] * momentum).add(g), m[n])
                 g = new_m[n]
             new_p[n] = torch.where(live, p[n].add(g, alpha=-lr), p[n])
-        return new_p, new_m, torch.where(live, loss * scale, 0.0)
+        return new_p, new_m, {**b, **new_b}, torch.where(live, loss * scale, 0.0)
 
     return vmap(step)
 
@@ -233,8 +275,9 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
     batches, from its own start, at its run's rates. The clients of one mapped program (:func:`_calls`) take
     their steps together, every batch padded to the largest batch size; on a GPU a program is padded to
     :data:`WIDTH` clients, copies of its first with no sample to train on, whose results are dropped."""
-    names = list(starts[0])
     first = algorithms[0]
+    names = [n for n, p in first.model.named_parameters() if p.requires_grad]
+    buffer_names = [n for n, _ in first.model.named_buffers()]
     for algorithm in algorithms:
         algorithm.model.train()
     device = starts[0][names[0]].device
@@ -251,15 +294,16 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         call = call + call[:1] * len(zeros[0])
         rates = _rates(algorithms[call[0]])
         params = {k: torch.stack([starts[c][k] for c in call]) for k in names}
+        buffers = {k: torch.stack([starts[c][k] for c in call]) for k in buffer_names}
         momenta = {k: torch.zeros_like(v) for k, v in params.items()} if rates[1] else {}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
         total = torch.zeros(len(call), device=device)
         step = _stepper(first, names, *rates)
         for s in range(x.shape[1]):
             at_s = [torch.cat([t[:, s], z]) if len(z) else t[:, s] for t, z in zip((x, y, real, live), zeros)]
-            params, momenta, loss = step(params, momenta, context, *at_s)
+            params, momenta, buffers, loss = step(params, momenta, buffers, context, *at_s)
             total += loss
         for j, c in enumerate(call[:n]):
-            trained[c] = {k: v[j] for k, v in params.items()}
+            trained[c] = {k: v[j] for k, v in (params | buffers).items()}
             totals[c] = total[j]
     return trained, totals

@@ -183,7 +183,8 @@ class Algorithm(Configurable):
     batched : whether the batched executor (:mod:`fedlab_core.batched`) can train the method's clients: its
         local update is :meth:`start`, this class's :meth:`train_local` (optimiser steps on :meth:`loss`, a loss
         that reads only the model and the batch, with the gradients :meth:`correct` gives), then :meth:`finish`.
-        A subclass that changes its local step otherwise sets it False.
+        Each class says so itself: a subclass is not batched unless it sets it (FRAug is FedBN with a step of its
+        own).
     """
 
     name = "fedavg"
@@ -194,6 +195,10 @@ class Algorithm(Configurable):
     global_model: ClassVar[bool] = True
     shares: ClassVar[str] = ""
     batched: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.batched = cls.__dict__.get("batched", False)  # not inherited: see the class's notes
 
     def __init__(self, training: Training | None = None):
         self.training = training or self.paper_training

@@ -36,6 +36,7 @@ class FedBN(Algorithm):
     name = "fedbn"
     paper_training = Training(lr=0.01, batch_size=32, local_epochs=1)
     global_model = False
+    batched = True
 
     def init(self, model: nn.Module, federation) -> dict[str, Any]:
         # exact names are valid glob patterns; set before the base class splits the state
