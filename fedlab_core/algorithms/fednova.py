@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .base import Algorithm, Message, Training, weighted_mean
+from .base import Algorithm, Message, Training, local_steps_taken, weighted_mean
 
 
 def nova_norm(tau: int, rho: float) -> float:
@@ -46,6 +46,7 @@ class FedNova(Algorithm):
     """
 
     name = "fednova"
+    batched = True
     paper_training = Training(lr=0.02, momentum=0.9, weight_decay=1e-4, batch_size=32, local_epochs=2)
 
     def __init__(self, training: Training | None = None):
@@ -56,15 +57,11 @@ class FedNova(Algorithm):
         self.param_mask = self.shared.parameter_mask(model)  # (P,) bool
         return state
 
-    def local_update(self, message, client_state, data, rng):
-        self._steps = 0
-        upload, client_state = super().local_update(message, client_state, data, rng)
-        upload.metrics["local_steps"] = self._steps  # tau_i: the server needs it to normalise
+    def finish(self, data, loss, client_state):
+        upload, client_state = super().finish(data, loss, client_state)
+        # tau_i: the server needs it to normalise
+        upload.metrics["local_steps"] = local_steps_taken(data.num_train, self.training)
         return upload, client_state
-
-    def train_step(self, x, y, opt, client_state):
-        self._steps += 1
-        return super().train_step(x, y, opt, client_state)
 
     def aggregate(self, server_state, uploads: list[tuple[int, Message]], round_idx) -> dict[str, Any]:
         w = server_state["weights"]  # (P,)
