@@ -22,7 +22,8 @@ CASE = RunConfig(dataset="digits", model="mlp", num_clients=5, num_rounds=3, bat
 BATCHED = sorted(name for name, cls in ALGORITHMS.items() if cls.batched)
 # each method's case: FedProx with a proximal pull; SCAFFOLD without momentum, which its option II assumes (with
 # momentum 0.9 this case diverges, weights past 13 by round 4, and the executors' 1e-7 differences grow with it)
-CHANGES = {"fedprox": {"algorithm_params": {"mu": 0.1}}, "scaffold": {"momentum": 0.0}, "fedbn": {"model": "mlp_bn"}}
+CHANGES = {"fedprox": {"algorithm_params": {"mu": 0.1}}, "scaffold": {"momentum": 0.0}, "fedbn": {"model": "mlp_bn"},
+           "partialfed": {"model": "mlp_bn"}}
 # The stated tolerance: parameters (server weights and every client state) within 1e-5 after each round, the
 # mean training loss within 1e-5 relative, accuracies equal to 3 decimals. On this CPU the MLP's parameters
 # agree bit for bit and LeNet-5's to 3e-8; the losses differ in the last digits (a vectorised reduction).

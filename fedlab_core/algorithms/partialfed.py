@@ -44,6 +44,7 @@ class PartialFed(Algorithm):
     """
 
     name = "partialfed"
+    batched = True
 
     def __init__(self, training: Training | None = None, global_patterns: tuple[str, ...] | None = None,
                  keep_patterns: tuple[str, ...] = ()):
@@ -74,13 +75,15 @@ class PartialFed(Algorithm):
         self.kept = FlatState(model, keep=lambda n: n in self.shared.names and not from_global(n))
         return server
 
-    def local_update(self, message, client_state, data, rng):
-        self.load(message.tensors["weights"], client_state)
+    def start(self, message, client_state) -> dict[str, torch.Tensor]:
+        context = super().start(message, client_state)
         if "model" in client_state and self.kept.size:
             # overwrite the entries this client keeps with its previous values
             previous = client_state["model"]  # (shared.size,)
             self.kept.set(torch.cat([self.shared.view(previous, n).reshape(-1) for n in self.kept.names]))
-        loss = self.train_local(data, rng, client_state)
+        return context
+
+    def finish(self, data, loss, client_state):
         client_state = {**client_state, "model": self.shared.get()}
         return self.upload(data, loss, client_state), client_state
 
