@@ -6,7 +6,7 @@ base :meth:`Algorithm.train_local`, then :meth:`Algorithm.finish`), every client
 clients takes each optimiser step at once: one ``torch.func.vmap`` of ``grad`` over ``functional_call`` of
 the algorithm's own :meth:`Algorithm.loss`, its :meth:`Algorithm.correct` (FedProx's proximal pull, SCAFFOLD's
 control variates) and SGD
-with the run's momentum and weight decay, written functionally. Nothing of a method is stated twice: the
+with the run's momentum and weight decay, or Adam, written functionally. Nothing of a method is stated twice: the
 start, the loss, the gradient correction and the upload are the algorithm's own.
 
 What matches the loop: each client draws its mini-batches with :meth:`Algorithm.batches` (and its training
@@ -31,7 +31,7 @@ Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix,
 acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
 
 Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own,
-AdvProp (its adversarial batch needs the model), Adam, models with buffers other than batch norm's, and dropout
+AdvProp (its adversarial batch needs the model), models with buffers other than batch norm's, and dropout
 (it draws from the global stream per client). Batch norm keeps each client's own running statistics and
 computes a batch's statistics over its real samples (:func:`_norm`): the loop's formulas, summed in another
 order.
@@ -71,8 +71,6 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
             return f"{algorithm.name!r} has a local step of its own ({method}; padded batches need the base one)"
     if algorithm.augment is not None and not algorithm.augment.batched:
         return f"augmentation {type(algorithm.augment).__name__} acts inside the local step"
-    if algorithm.training.optimizer != "sgd":
-        return f"optimizer {algorithm.training.optimizer!r} is not batched yet (sgd is)"
     norms = {f"{m}.{b}" for m, mod in model.named_modules() if isinstance(mod, _BatchNorm)
              for b, _ in mod.named_buffers(recurse=False)}
     other = [n for n, _ in model.named_buffers() if n not in norms]
@@ -206,36 +204,64 @@ def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list
     return out
 
 
-def _rates(algorithm: Algorithm) -> tuple[float, float, float]:
-    """The local training's rates: what may differ between the runs trained together."""
+def _rates(algorithm: Algorithm) -> tuple[str, float, float, float]:
+    """The local optimiser and its rates: what may differ between the runs trained together."""
     t = algorithm.training
-    return t.lr, t.momentum, t.weight_decay
+    return t.optimizer, t.lr, t.momentum, t.weight_decay
 
 
-def _stepper(algorithm: Algorithm, names: list[str], lr: float, momentum: float, weight_decay: float):
-    """One client's SGD step (torch.optim.SGD's arithmetic, op for op), mapped over clients: (parameters,
-    momenta, buffers, correction context, x, y, which samples are real, whether the client has a batch at all)
-    stacked by client, to new parameters, momenta, buffers and losses. A padded batch's loss and gradients are rescaled from the full
-    batch size to its real samples (by exactly 1 for a full batch); a client without a batch keeps its
-    parameters and momentum, weight decay included, and adds nothing to its loss."""
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which Algorithm.make_optimizer keeps
+
+
+def _optimiser_state(optimizer: str, momentum: float, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The optimiser's state at a local update's start, stacked like `params`: SGD's momentum buffers (none
+    without momentum), Adam's moving averages and its step count (float64, as the bias corrections use it)."""
+    zeros = {n: torch.zeros_like(v) for n, v in params.items()}
+    if optimizer == "adam":
+        first = next(iter(params.values()))
+        count = torch.zeros(len(first), dtype=torch.float64, device=first.device)
+        return {**{f"m.{n}": v for n, v in zeros.items()}, **{f"v.{n}": v.clone() for n, v in zeros.items()},
+                "step": count}
+    return {f"m.{n}": v for n, v in zeros.items()} if momentum else {}
+
+
+def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, momentum: float, weight_decay: float):
+    """One client's optimiser step (torch.optim.SGD's or Adam's arithmetic), mapped over clients: (parameters,
+    optimiser state, buffers, correction context, x, y, which samples are real, whether the client has a batch
+    at all) stacked by client, to new parameters, optimiser state, buffers and losses. A padded batch's loss and
+    gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
+    client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to
+    its loss."""
     loss_module = _Loss(algorithm)
+    beta1, beta2 = ADAM_BETAS
 
-    def step(p, m, b, context, x, y, real, live):
+    def step(p, o, b, context, x, y, real, live):
         grads, (loss, new_b) = grad_and_value(lambda q: functional_call(
             loss_module, {f"model.{n}": v for n, v in (q | b).items()}, (x, y, real)), has_aux=True)(p)
         new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items()}  # a client without a batch keeps its own
         scale = real.numel() / real.sum().clamp(min=1)
         grads = algorithm.correct({n: g * scale for n, g in grads.items()}, p, context)
-        new_p, new_m = {}, {}
+        new_p, new_o = {}, {}
+        if optimizer == "adam":  # the bias corrections in float64, rounded once, as Adam's Python floats are
+            count = o["step"] + 1
+            step_size = (lr / (1 - beta1 ** count)).float()
+            root = (1 - beta2 ** count).sqrt().float()
+            new_o["step"] = torch.where(live, count, o["step"])
         for n in names:
             g = grads[n]
             if weight_decay:
                 g = g.add(p[n], alpha=weight_decay)
+            if optimizer == "adam":
+                m, v = torch.lerp(o[f"m.{n}"], g, 1 - beta1), o[f"v.{n}"].mul(beta2).addcmul(g, g, value=1 - beta2)
+                new_o[f"m.{n}"], new_o[f"v.{n}"] = (torch.where(live, m, o[f"m.{n}"]),
+                                                    torch.where(live, v, o[f"v.{n}"]))
+                new_p[n] = torch.where(live, p[n] + (-step_size * m) / (v.sqrt() / root).add(ADAM_EPS), p[n])
+                continue
             if momentum:  # the buffer starts at zero: its first step is the gradient, as SGD's clone is
-                new_m[n] = torch.where(live, (m[n] * momentum).add(g), m[n])
-                g = new_m[n]
+                new_o[f"m.{n}"] = torch.where(live, (o[f"m.{n}"] * momentum).add(g), o[f"m.{n}"])
+                g = new_o[f"m.{n}"]
             new_p[n] = torch.where(live, p[n].add(g, alpha=-lr), p[n])
-        return new_p, new_m, {**b, **new_b}, torch.where(live, loss * scale, 0.0)
+        return new_p, new_o, {**b, **new_b}, torch.where(live, loss * scale, 0.0)
 
     return vmap(step)
 
@@ -295,13 +321,13 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         rates = _rates(algorithms[call[0]])
         params = {k: torch.stack([starts[c][k] for c in call]) for k in names}
         buffers = {k: torch.stack([starts[c][k] for c in call]) for k in buffer_names}
-        momenta = {k: torch.zeros_like(v) for k, v in params.items()} if rates[1] else {}
+        state = _optimiser_state(rates[0], rates[2], params)
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
         total = torch.zeros(len(call), device=device)
         step = _stepper(first, names, *rates)
         for s in range(x.shape[1]):
             at_s = [torch.cat([t[:, s], z]) if len(z) else t[:, s] for t, z in zip((x, y, real, live), zeros)]
-            params, momenta, buffers, loss = step(params, momenta, buffers, context, *at_s)
+            params, state, buffers, loss = step(params, state, buffers, context, *at_s)
             total += loss
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}
