@@ -91,7 +91,10 @@ class Report:
     bar shows (``lines=True``), one as each run finishes: how many are done and left, the time left, and
     which runs are computing. In a notebook they go to its output; elsewhere to stderr, as progress does."""
 
-    def __init__(self, configs: Sequence["RunConfig"], todo: Sequence[int], workers: int, lines: bool):
+    def __init__(self, configs: Sequence["RunConfig"], todo: Sequence[int], workers: int, lines: bool,
+                 place: str | None = None):
+        """`place`: where the runs compute, in words, when not on `workers` processes (a GPU: the estimate is
+        then priced from CPU runs until the first runs end, and corrected by their pace)."""
         self.configs, self.todo, self.workers, self.lines = configs, list(todo), max(1, min(workers, len(todo))), lines
         self.estimates = dict(zip(self.todo, estimate([configs[i] for i in self.todo])))
         self.started: dict[int, float] = {}
@@ -101,8 +104,8 @@ class Report:
         capped = any(configs[i].stop_at_plateau for i in self.todo)
         self._say(f"computing {len(self.todo)} of {len(configs)} runs ({len(configs) - len(self.todo)} from the "
                   f"archive or cache), {'at most ' if capped else ''}about "
-                  f"{duration(sum(self.estimates.values()) / self.workers)} on {self.workers} "
-                  f"process{'es' if self.workers > 1 else ''}")
+                  f"{duration(sum(self.estimates.values()) / self.workers)} on "
+                  + (place or f"{self.workers} process{'es' if self.workers > 1 else ''}"))
 
     def _say(self, text: str) -> None:
         ipython = sys.modules.get("IPython")
@@ -112,8 +115,9 @@ class Report:
     def start(self, i: int) -> None:
         self.started[i] = time.perf_counter()
 
-    def finish(self, i: int) -> None:
-        self.spent += time.perf_counter() - self.started.pop(i)
+    def finish(self, i: int, share: float = 1.0) -> None:
+        """Run `i` has ended; `share`: the part of its time that was its own (1/n for n runs trained together)."""
+        self.spent += (time.perf_counter() - self.started.pop(i)) * share
         self.priced += self.estimates[i]
         self.done.add(i)
         if not self.lines:

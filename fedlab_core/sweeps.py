@@ -157,7 +157,7 @@ def _on_gpu(configs: list[RunConfig], missing: list[int], results: list[History 
     groups: dict[str, list[int]] = {}
     for i in missing:
         groups.setdefault(together_key(configs[i]), []).append(i)
-    report = Report(configs, missing, 1, lines=True)
+    report = Report(configs, missing, 1, lines=True, place="one GPU (priced from CPU runs until the first group ends)")
     for n, group in enumerate(groups.values()):
         if time.time() >= deadline:
             raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(groups) - n} of {len(groups)} "
@@ -167,7 +167,7 @@ def _on_gpu(configs: list[RunConfig], missing: list[int], results: list[History 
             report.start(i)
         for i, history in zip(group, run_many([configs[i] for i in group], **run_kwargs)):
             results[i] = history
-            report.finish(i)
+            report.finish(i, share=1 / len(group))
     return results
 
 

@@ -61,6 +61,20 @@ def test_the_report_says_the_count_and_estimate_first_then_each_end_with_the_tim
     assert re.fullmatch(r"runs: 1 of 4 done, about 5 min left; computing fedavg, iid, seed 2", lines[1]), lines[1]
 
 
+def test_runs_trained_together_share_their_time_in_the_pace(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FEDLAB_ARCHIVE_DIR", str(tmp_path / "runs"))
+    _archive(tmp_path / "runs", seconds=595.0)        # with SETUP: ten minutes a run, priced from a CPU run
+    configs = [BASE.replace(seed=s) for s in range(4)]
+    report = progress.Report(configs, todo=[0, 1, 2, 3], workers=1, lines=True, place="one GPU")
+    clock = iter([0.0, 0.0] + [60.0] * 4)            # runs 0 and 1 trained together in one minute
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    report.start(0), report.start(1)
+    report.finish(0, share=0.5), report.finish(1, share=0.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "runs: computing 4 of 4 runs (0 from the archive or cache), about 40 min on one GPU"
+    assert lines[2] == "runs: 2 of 4 done, about 60 s left"   # a minute a pair, not two
+
+
 @pytest.mark.parametrize("seconds, words", [(40, "40 s"), (540, "9 min"), (9000, "2.5 hours")])
 def test_durations_read_at_a_glance(seconds, words):
     assert progress.duration(seconds) == words
