@@ -124,12 +124,12 @@ class Simulation:
         if executor not in EXECUTORS:
             raise ValueError(f"executor: unknown value {executor!r}; allowed: {', '.join(EXECUTORS)}")
         self.executor = executor
-        on_gpu = federation.x_test.device.type == "cuda"
-        why = batched.unsupported(algorithm, model) if executor == "batched" or executor == "auto" and on_gpu else None
+        wanted = executor == "batched" or executor == "auto" and federation.x_test.device.type == "cuda"
+        why = batched.unsupported(algorithm, model) if wanted else None
         if why is not None:
             (log.warning if executor == "batched" else log.info)(
                 "executor: 'batched' cannot train this run (%s), so its clients train in the loop", why)
-        self.batched = (executor == "batched" or executor == "auto" and on_gpu) and why is None
+        self.batched = wanted and why is None
 
     # ------------------------------------------------------------------ state
 

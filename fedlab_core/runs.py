@@ -352,8 +352,7 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
         found = stored(config, cache_dir=folder, device=device, keep_state=keep_state)
         if found is not None:
             return found
-        check_writable(folder, "cache_dir" if cache_dir is not None else
-                       "FEDLAB_CACHE_DIR" if os.environ.get("FEDLAB_CACHE_DIR") else "the default cache folder")
+        _check_cache(folder, cache_dir)
     with one_thread(), deterministic(device):
         history = _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
                        progress, keep_state, on_diverge)
@@ -496,23 +495,34 @@ def _record(config: RunConfig, device: torch.device, key: str, sim: Simulation, 
     return history
 
 
-def together_key(config: RunConfig) -> str:
-    """What runs trained together share (:func:`run_many`): the config but for the seed and the local training's
-    rates. Runs with the same key form one batched program: a tuning grid's rates and its seeds, say."""
-    return json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "lr", "momentum", "weight_decay")},
-                      sort_keys=True, default=str)
+def _check_cache(folder: Path, cache_dir: str | Path | None) -> None:
+    """:func:`check_writable` on the run cache's `folder`, naming the setting that chose it."""
+    check_writable(folder, "cache_dir" if cache_dir is not None else
+                   "FEDLAB_CACHE_DIR" if os.environ.get("FEDLAB_CACHE_DIR") else "the default cache folder")
+
+
+def together(configs: list[RunConfig], which: list[int]) -> list[list[int]]:
+    """The configs `which` (indices into `configs`) in the groups :func:`run_many` trains together, in their
+    first appearance's order: configs equal but for the seed and the local training's rates (a tuning grid's
+    rates and its seeds, say)."""
+    groups: dict[str, list[int]] = {}
+    for i in which:
+        shared = {k: v for k, v in configs[i].to_dict().items() if k not in ("seed", "lr", "momentum", "weight_decay")}
+        groups.setdefault(json.dumps(shared, sort_keys=True, default=str), []).append(i)
+    return list(groups.values())
 
 
 def run_many(configs: list[RunConfig], *, cache_dir: str | Path | None = None, use_cache: bool = True,
              checkpoint_every: int = 1, device: str | torch.device = "auto", progress: bool | None = None,
              keep_state: bool = False, on_diverge: str = "raise") -> list[History]:
-    """:func:`run` for each config, the runs that share a :func:`together_key` trained together, as one batched
+    """:func:`run` for each config, the runs of each group of :func:`together` trained together, as one batched
     program (:func:`fedlab_core.engine.run_together`): the runs of a tuning grid or of several seeds, in one
     process, on one device (the GPU's use; on a CPU a sweep's runs in parallel processes are faster). Each run's
     numbers are those of the same config run alone; the cache, the archive, checkpoints (a killed group resumes
     each run from its own) and `on_diverge` work as in :func:`run`. A run is batched where its ``executor`` says
     so ("batched", or "auto" on a GPU) and the executor can train its method and model; one that is not takes
-    its rounds in the loop, in one thread."""
+    its rounds in the loop, in one thread. `progress` is taken as :func:`run` takes it; runs trained together
+    show no bar."""
     if on_diverge not in ("raise", "record"):
         raise ValueError(f"on_diverge: unknown value {on_diverge!r}; allowed: raise, record")
     device = resolve_device(device)
@@ -520,16 +530,11 @@ def run_many(configs: list[RunConfig], *, cache_dir: str | Path | None = None, u
     out: list[History | None] = [stored(c, cache_dir=folder, device=device, keep_state=keep_state) if use_cache else None
                                  for c in configs]
     if use_cache and any(h is None for h in out):
-        check_writable(folder, "cache_dir" if cache_dir is not None else
-                       "FEDLAB_CACHE_DIR" if os.environ.get("FEDLAB_CACHE_DIR") else "the default cache folder")
-    groups: dict[str, list[int]] = {}
-    for i, h in enumerate(out):
-        if h is None:
-            groups.setdefault(together_key(configs[i]), []).append(i)
-    for group in groups.values():
+        _check_cache(folder, cache_dir)
+    for group in together(configs, [i for i, h in enumerate(out) if h is None]):
         with one_thread(), deterministic(device):
             for i, history in zip(group, _together([configs[i] for i in group], device, folder, use_cache,
-                                                   checkpoint_every, progress, keep_state, on_diverge)):
+                                                   checkpoint_every, keep_state, on_diverge)):
                 out[i] = history
                 if use_cache:
                     key = cache_key(configs[i], device)
@@ -538,7 +543,7 @@ def run_many(configs: list[RunConfig], *, cache_dir: str | Path | None = None, u
 
 
 def _together(configs: list[RunConfig], device: torch.device, folder: Path, use_cache: bool, checkpoint_every: int,
-              progress: bool | None, keep_state: bool, on_diverge: str) -> list[History]:
+              keep_state: bool, on_diverge: str) -> list[History]:
     """The body of :func:`run_many` for one group: build each run, resume each, train them together, record each."""
     started = time.perf_counter()
     keys = [cache_key(c, device) for c in configs]

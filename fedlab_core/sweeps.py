@@ -16,7 +16,7 @@ import torch
 
 from .parallel import end_with_parent
 from .progress import Report
-from .runs import RunConfig, resolve_device, run, run_many, stored, together_key
+from .runs import RunConfig, resolve_device, run, run_many, stored, together
 from .store import History
 from .verdicts import mean_std
 
@@ -154,11 +154,9 @@ def _on_gpu(configs: list[RunConfig], missing: list[int], results: list[History 
             run_kwargs: dict[str, Any]) -> list[History]:
     """:func:`sweep`'s missing runs on a GPU: the runs that can be trained together (:func:`run_many`'s groups: a
     grid's rates and seeds) trained as one batched program each, one group after another, in this process."""
-    groups: dict[str, list[int]] = {}
-    for i in missing:
-        groups.setdefault(together_key(configs[i]), []).append(i)
+    groups = together(configs, missing)
     report = Report(configs, missing, 1, lines=True, place="one GPU (priced from CPU runs until the first group ends)")
-    for n, group in enumerate(groups.values()):
+    for n, group in enumerate(groups):
         if time.time() >= deadline:
             raise BudgetSpent(f"FEDLAB_DEADLINE: the time budget ran out with {len(groups) - n} of {len(groups)} "
                               "groups of runs of this sweep left; the finished ones are stored, so the same command "
