@@ -4,7 +4,8 @@ The loop (:func:`fedlab_core.engine._train_client`) runs one client's :meth:`Alg
 another. Here, for an algorithm that declares ``batched`` (its local update is :meth:`Algorithm.start`, the
 base :meth:`Algorithm.train_local`, then :meth:`Algorithm.finish`), every client in a chunk of the round's
 clients takes each optimiser step at once: one ``torch.func.vmap`` of ``grad`` over ``functional_call`` of
-the algorithm's own :meth:`Algorithm.loss`, its :meth:`Algorithm.correct` (FedProx's proximal pull, SCAFFOLD's
+the algorithm's own :meth:`Algorithm.loss` (with each client's weights in its :meth:`Algorithm.frozen_models`:
+MOON's global and previous models), its :meth:`Algorithm.correct` (FedProx's proximal pull, SCAFFOLD's
 control variates) and SGD
 with the run's momentum and weight decay, or Adam, written functionally. Nothing of a method is stated twice: the
 start, the loss, the gradient correction and the upload are the algorithm's own.
@@ -66,7 +67,7 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
     `algorithm.augment` is the run's augmentation (None: none)."""
     if not algorithm.batched:
         return f"{algorithm.name!r} has a local step of its own"
-    for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches", "loss"):
+    for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches"):
         if getattr(type(algorithm), method) is not getattr(Algorithm, method):  # a subclass's, say a lab's
             return f"{algorithm.name!r} has a local step of its own ({method}; padded batches need the base one)"
     if algorithm.augment is not None and not algorithm.augment.batched:
@@ -117,6 +118,7 @@ class _Loss(nn.Module):
     def __init__(self, algorithm: Algorithm):
         super().__init__()
         self.model = algorithm.model
+        self.frozen = nn.ModuleDict(algorithm.frozen_models())  # their weights: each client's, from its context
         self.algorithm = algorithm
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor
@@ -132,7 +134,7 @@ class _Loss(nn.Module):
             m.forward = lambda inp, m=m, n=n: _norm(m, inp, real, buffers, n)
         hook = self.model.register_forward_hook(pad)
         try:
-            return self.algorithm.loss(x, y, {}), buffers  # a batched method's loss reads only the model and the batch
+            return self.algorithm.loss(x, y, {"real": real}), buffers  # reads the model, frozen models and batch
         finally:
             hook.remove()
             for _, m in norms:
@@ -235,9 +237,13 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, 
     loss_module = _Loss(algorithm)
     beta1, beta2 = ADAM_BETAS
 
+    frozen = tuple(f"{name}." for name in loss_module.frozen)
+
     def step(p, o, b, context, x, y, real, live):
+        entries = {f"frozen.{k}": v for k, v in context.items() if k.startswith(frozen)} if frozen else {}
         grads, (loss, new_b) = grad_and_value(lambda q: functional_call(
-            loss_module, {f"model.{n}": v for n, v in (q | b).items()}, (x, y, real)), has_aux=True)(p)
+            loss_module, {**{f"model.{n}": v for n, v in (q | b).items()}, **entries}, (x, y, real)),
+            has_aux=True)(p)
         new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items()}  # a client without a batch keeps its own
         scale = real.numel() / real.sum().clamp(min=1)
         grads = algorithm.correct({n: g * scale for n, g in grads.items()}, p, context)

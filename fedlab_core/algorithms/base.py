@@ -182,7 +182,10 @@ class Algorithm(Configurable):
         book's privacy notes; the byte counts of every message say how much.
     batched : whether the batched executor (:mod:`fedlab_core.batched`) can train the method's clients: its
         local update is :meth:`start`, this class's :meth:`train_local` (optimiser steps on :meth:`loss`, a loss
-        that reads only the model and the batch, with the gradients :meth:`correct` gives), then :meth:`finish`.
+        that reads the model, the batch and :meth:`frozen_models`, with the gradients :meth:`correct` gives),
+        then :meth:`finish`. On the batched executor's padded batches the loss's `client_state` is ``{"real": (B,)
+        bool}``; the padding's logits of the model's forward are replaced by constants of zero loss, and a loss
+        that computes its logits otherwise (MOON) sums its real samples' terms over B itself.
         Each class says so itself: a subclass is not batched unless it sets it (FRAug is FedBN with a step of its
         own).
     """
@@ -348,6 +351,12 @@ class Algorithm(Configurable):
     def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
         """The local objective on one batch; y holds class ids or soft targets (B, classes)."""
         return F.cross_entropy(self.model(x), y)
+
+    def frozen_models(self) -> dict[str, nn.Module]:
+        """Modules besides the model that :meth:`loss` runs without training them and whose weights are the
+        client's (MOON's global and previous models), by name; the batched executor puts each client's weights
+        into them from the context :meth:`start` returns, under ``"<name>.<entry>"``. Here none."""
+        return {}
 
     def before_step(self, client_state: dict[str, Any]) -> None:
         """Gradient corrections between backward and the optimiser step (SCAFFOLD, FedProx)."""

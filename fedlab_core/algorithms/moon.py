@@ -29,6 +29,10 @@ Differences from the paper
 - On a client's first participation there is no previous local model; as in the authors' code the
   global model stands in for it, so ``l_con = log 2`` with zero gradient and the first round is FedAvg.
 
+Batched (:mod:`fedlab_core.batched`): the global and previous models are :meth:`MOON.frozen_models`, each
+client's put into them from the context :meth:`MOON.start` returns; on a padded batch the loss sums its real
+samples' terms only (``client_state["real"]``).
+
 Memory: every client keeps a full copy of its last local model (every floating-point state entry) in
 its client state, i.e. one model per client, as in the authors' code. Server side: FedAvg.
 """
@@ -46,8 +50,8 @@ from .base import Algorithm, FlatState, Training
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,
-                           temperature: float) -> torch.Tensor:
-    """MOON's ``l_con``, averaged over the batch.
+                           temperature: float, reduction: str = "mean") -> torch.Tensor:
+    """MOON's ``l_con``, averaged over the batch (``reduction="none"``: per sample, (B,)).
 
     Parameters
     ----------
@@ -60,7 +64,7 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     neg = F.cosine_similarity(z, z_prev, dim=1)  # (B,)
     logits = torch.stack([pos, neg], dim=1) / temperature  # (B, 2)
     # -log softmax of the positive column: cross-entropy with every target at index 0
-    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device), reduction=reduction)
 
 
 class ProjectionHead(nn.Module):
@@ -99,6 +103,7 @@ class MOON(Algorithm):
     """
 
     name = "moon"
+    batched = True
     paper_training = Training(lr=0.01, momentum=0.9, weight_decay=1e-5, batch_size=64, local_epochs=10)
     constraints = {"mu": Range(0), "temperature": Range(0, low_open=True), "projection_dim": Range(0)}
 
@@ -120,18 +125,26 @@ class MOON(Algorithm):
         # Frozen workspaces for the global and previous models (their weights come from the states)
         self.global_copy, self.previous_copy = _frozen_copy(model), _frozen_copy(model)
         self._global_flat, self._previous_flat = FlatState(self.global_copy), FlatState(self.previous_copy)
-        self._has_previous = False
         return server
 
-    def local_update(self, message, client_state, data, rng):
-        self.load(message.tensors["weights"], client_state)
-        self._global_flat.set(self.whole.get())
-        self._has_previous = "previous" in client_state
-        if self._has_previous:
-            self._previous_flat.set(client_state["previous"])
-        loss = self.train_local(data, rng, client_state)
+    def start(self, message, client_state):
+        """The received global model into the workspace and the global copy, the client's previous model (the
+        global one on its first participation) into the previous copy; returns their entries by name (the
+        context the batched executor puts into each client's copies: :meth:`frozen_models`)."""
+        super().start(message, client_state)
+        weights = message.tensors["weights"]  # no local entries: every float entry of the model
+        previous = client_state.get("previous", weights)
+        self._global_flat.set(weights)
+        self._previous_flat.set(previous)
+        return {**{f"global_copy.{n}": self.whole.view(weights, n) for n in self.whole.names},
+                **{f"previous_copy.{n}": self.whole.view(previous, n) for n in self.whole.names}}
+
+    def finish(self, data, loss, client_state):
         client_state["previous"] = self.whole.get()
-        return self.upload(data, loss, client_state), client_state
+        return super().finish(data, loss, client_state)
+
+    def frozen_models(self) -> dict[str, nn.Module]:
+        return {"global_copy": self.global_copy, "previous_copy": self.previous_copy}
 
     def representation(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """What the contrastive term compares: the projection (B, projection_dim), or features(x) (B, D)."""
@@ -145,8 +158,12 @@ class MOON(Algorithm):
             logits = self.model.head.l3(z)
         else:
             z, logits = h, self.model.head(h)
-        ce = F.cross_entropy(logits, y)
         with torch.no_grad():
             z_glob = self.representation(self.global_copy, x)
-            z_prev = self.representation(self.previous_copy, x) if self._has_previous else z_glob
-        return ce + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature)
+            z_prev = self.representation(self.previous_copy, x)
+        real = client_state.get("real")  # the batched executor's padded batch: which of its samples are real
+        if real is None:
+            return F.cross_entropy(logits, y) + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature)
+        each = (F.cross_entropy(logits, y, reduction="none")
+                + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature, reduction="none"))
+        return torch.where(real, each, 0.0).sum() / len(real)  # the padding adds nothing, not even a gradient
