@@ -28,11 +28,16 @@ Runs trained together (:func:`fedlab_core.engine.run_together`): the clients of 
 seeds, step together too, grouped by their run's rates; each run's numbers are those it has alone (on a GPU
 because each mapped step holds a fixed :data:`WIDTH` of clients).
 
+Inputs a client trains beside the model (:meth:`Algorithm.trained_inputs`: DisTrans's offset) are carried
+client by client like the optimiser's state and put into the model as its attributes for each step: their
+plain SGD step comes first, on the same padded batch with the model fixed and the batch-norm statistics it
+would compute dropped, or from the model step's own gradients (joint), as the loop's :meth:`Algorithm.train_step`.
+
 Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix, normalisation; OT alignment
 acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
 
-Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own,
-AdvProp (its adversarial batch needs the model), models with buffers other than batch norm's, and dropout
+Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own
+(pFedMe, pFedHN, FedAWS, FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers other than batch norm's, and dropout
 (it draws from the global stream per client). Batch norm keeps each client's own running statistics and
 computes a batch's statistics over its real samples (:func:`_norm`): the loop's formulas, summed in another
 order.
@@ -44,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 from .algorithms.base import Algorithm, Message, mean_loss
 from .data.federation import ClientData
@@ -86,8 +91,9 @@ def _norm(module: _BatchNorm, x: torch.Tensor, real: torch.Tensor, out: dict[str
           ) -> torch.Tensor:
     """`module`'s batch norm in training mode over the real samples of `x` only (`real`: (B,) bool), as
     ``F.batch_norm`` computes it on them: the batch's mean and biased variance per channel normalise every row,
-    and the running statistics (the module's, as ``functional_call`` put them) move towards the mean and the
-    unbiased variance; their new values go to `out` under the buffers' names, the module's own are not touched."""
+    and the running statistics (the module's, as ``functional_call`` put them, or their values in `out` from an
+    earlier pass of the same step: DisTrans's two channels) move towards the mean and the unbiased variance; their
+    new values go to `out` under the buffers' names, the module's own are not touched."""
     dims = [0] + list(range(2, x.dim()))
     weight = real.to(x.dtype).view(-1, *[1] * (x.dim() - 1))  # (B, 1, ...)
     count = (real.sum() * (x[0, 0].numel())).clamp(min=1).to(x.dtype)  # real values per channel
@@ -97,11 +103,13 @@ def _norm(module: _BatchNorm, x: torch.Tensor, real: torch.Tensor, out: dict[str
     y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + module.eps)
     if module.affine:
         y = y * module.weight.view(shape) + module.bias.view(shape)
-    if module.track_running_stats and module.running_mean is not None:
-        tracked = module.num_batches_tracked + 1
+    if module.track_running_stats and module.running_mean is not None:  # from this step's earlier pass, if any
+        running_mean, running_var, tracked = (out.get(f"{name}.{b}", getattr(module, b)) for b in
+                                              ("running_mean", "running_var", "num_batches_tracked"))
+        tracked = tracked + 1
         factor = 1.0 / tracked if module.momentum is None else module.momentum
-        out[f"{name}.running_mean"] = module.running_mean * (1 - factor) + mean.detach() * factor
-        out[f"{name}.running_var"] = (module.running_var * (1 - factor)
+        out[f"{name}.running_mean"] = running_mean * (1 - factor) + mean.detach() * factor
+        out[f"{name}.running_var"] = (running_var * (1 - factor)
                                       + (var * count / (count - 1).clamp(min=1)).detach() * factor)
         out[f"{name}.num_batches_tracked"] = tracked
     return y
@@ -121,7 +129,7 @@ class _Loss(nn.Module):
         self.frozen = nn.ModuleDict(algorithm.frozen_models())  # their weights: each client's, from its context
         self.algorithm = algorithm
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor
+    def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor, inputs: dict[str, torch.Tensor]
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         def pad(module, args, logits):
             if y.is_floating_point():  # soft targets: a zero row's cross-entropy is zero whatever the logits
@@ -133,10 +141,15 @@ class _Loss(nn.Module):
         for n, m in norms:
             m.forward = lambda inp, m=m, n=n: _norm(m, inp, real, buffers, n)
         hook = self.model.register_forward_hook(pad)
+        held = {name: getattr(self.model, name) for name in inputs}
+        for name, value in inputs.items():  # the trained inputs (DisTrans's offset), as the model's attributes
+            setattr(self.model, name, value)
         try:
             return self.algorithm.loss(x, y, {"real": real}), buffers  # reads the model, frozen models and batch
         finally:
             hook.remove()
+            for name, value in held.items():
+                setattr(self.model, name, value)
             for _, m in norms:
                 del m.forward
 
@@ -167,7 +180,9 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
             contexts.append(algorithm.start(message, state))
             params = dict(algorithm.model.named_parameters())
             starts.append({**{n: p.detach().clone() for n, p in params.items() if p.requires_grad},
-                           **{n: b.detach().clone() for n, b in algorithm.model.named_buffers()}})
+                           **{n: b.detach().clone() for n, b in algorithm.model.named_buffers()},
+                           **{f"input.{n}": getattr(algorithm.model, n).detach().clone()
+                              for n in algorithm.trained_inputs()[0]}})
             batches.append(_drawn(algorithm, data, rng))
             live.append(i)
         except Exception as err:
@@ -182,7 +197,8 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
         algorithm, data, message, state, _ = tasks[i]
         try:
             algorithm.start(message, state)  # the client's whole starting model, then its trained parameters
-            entries = {**dict(algorithm.model.named_parameters()), **dict(algorithm.model.named_buffers())}
+            entries = {**dict(algorithm.model.named_parameters()), **dict(algorithm.model.named_buffers()),
+                       **{f"input.{n}": getattr(algorithm.model, n) for n in algorithm.trained_inputs()[0]}}
             with torch.no_grad():
                 for n, v in trained[j].items():
                     entries[n].copy_(v)
@@ -239,15 +255,30 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, 
 
     frozen = tuple(f"{name}." for name in loss_module.frozen)
 
+    input_rates, joint = algorithm.trained_inputs()
+
     def step(p, o, b, context, x, y, real, live):
         entries = {f"frozen.{k}": v for k, v in context.items() if k.startswith(frozen)} if frozen else {}
-        grads, (loss, new_b) = grad_and_value(lambda q: functional_call(
-            loss_module, {**{f"model.{n}": v for n, v in (q | b).items()}, **entries}, (x, y, real)),
-            has_aux=True)(p)
-        new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items()}  # a client without a batch keeps its own
         scale = real.numel() / real.sum().clamp(min=1)
+
+        def loss_of(q, inputs):
+            return functional_call(loss_module, {**{f"model.{n}": v for n, v in (q | b).items()}, **entries},
+                                   (x, y, real, inputs))
+
+        def stepped(inputs, grads):  # their plain SGD step; a client without a batch keeps its own
+            return {n: torch.where(live, t - input_rates[n] * (grads[n] * scale), t) for n, t in inputs.items()}
+
+        inputs = {n: o[f"input.{n}"] for n in input_rates}
+        if inputs and joint:  # from the model step's gradients
+            (grads, input_grads), (loss, new_b) = grad_and_value(loss_of, argnums=(0, 1), has_aux=True)(p, inputs)
+            inputs = stepped(inputs, input_grads)
+        else:
+            if inputs:  # a step before the model's, with the model and its statistics fixed (new buffers dropped)
+                inputs = stepped(inputs, grad(lambda i: loss_of(p, i)[0])(inputs))
+            grads, (loss, new_b) = grad_and_value(lambda q: loss_of(q, inputs), has_aux=True)(p)
+        new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items()}  # a client without a batch keeps its own
         grads = algorithm.correct({n: g * scale for n, g in grads.items()}, p, context)
-        new_p, new_o = {}, {}
+        new_p, new_o = {}, {f"input.{n}": t for n, t in inputs.items()}
         if optimizer == "adam":  # the bias corrections in float64, rounded once, as Adam's Python floats are
             count = o["step"] + 1
             step_size = (lr / (1 - beta1 ** count)).float()
@@ -327,7 +358,8 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         rates = _rates(algorithms[call[0]])
         params = {k: torch.stack([starts[c][k] for c in call]) for k in names}
         buffers = {k: torch.stack([starts[c][k] for c in call]) for k in buffer_names}
-        state = _optimiser_state(rates[0], rates[2], params)
+        state = {**_optimiser_state(rates[0], rates[2], params),
+                 **{k: torch.stack([starts[c][k] for c in call]) for k in starts[call[0]] if k.startswith("input.")}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
         total = torch.zeros(len(call), device=device)
         step = _stepper(first, names, *rates)
@@ -337,5 +369,6 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
             total += loss
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}
+            trained[c].update({k: v[j] for k, v in state.items() if k.startswith("input.")})
             totals[c] = total[j]
     return trained, totals

@@ -9,7 +9,8 @@ from torch import nn
 
 from fedlab_core import RunConfig
 from fedlab_core.algorithms import FedAvg, Message, Training
-from fedlab_core.algorithms.distrans import DisTrans, DoubleChannel, OffsetNetwork, frozen_statistics, shift
+from fedlab_core.algorithms.base import frozen_statistics
+from fedlab_core.algorithms.distrans import DisTrans, DoubleChannel, OffsetNetwork, shift
 from fedlab_core.data import federate, load_dataset
 from fedlab_core.engine import Simulation
 from fedlab_core.runs import run

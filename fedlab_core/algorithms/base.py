@@ -13,6 +13,7 @@ hooks where they differ.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 from dataclasses import dataclass, field
@@ -95,6 +96,23 @@ def local_steps_taken(n: int, training: Training) -> int:
     if training.local_steps:
         return training.local_steps if per_pass else 0
     return training.local_epochs * per_pass
+
+
+@contextlib.contextmanager
+def frozen_statistics(model: nn.Module):
+    """Batch norm normalises with the batch as in training but leaves its running statistics alone."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None)
+             for m in norms]
+    for m in norms:
+        m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch
+    try:
+        yield
+    finally:
+        for m, (momentum, tracked) in zip(norms, saved):
+            m.momentum = momentum
+            if tracked is not None:
+                m.num_batches_tracked.copy_(tracked)
 
 
 class FlatState:
@@ -340,17 +358,44 @@ class Algorithm(Configurable):
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
                    client_state: dict[str, Any]) -> torch.Tensor:
-        """One optimiser step on one mini-batch; returns the loss."""
+        """One optimiser step on one mini-batch; returns the loss. The inputs the client trains
+        (:meth:`trained_inputs`) take a plain SGD step on the same batch first, with the model and its batch-norm
+        statistics fixed, and stay fixed during the model's step; or, joint, they step on the gradients of the
+        model step's own backward pass."""
+        rates, joint = self.trained_inputs()
+        inputs = {name: getattr(self.model, name) for name in rates}  # leaves that require grad
+        if inputs and not joint:
+            with frozen_statistics(self.model):
+                grads = torch.autograd.grad(self.loss(x, y, client_state), list(inputs.values()))
+            with torch.no_grad():
+                for (name, t), grad in zip(inputs.items(), grads):
+                    t -= rates[name] * grad
+            for name, t in inputs.items():
+                setattr(self.model, name, t.detach())
+        for t in inputs.values():
+            t.grad = None
         opt.zero_grad(set_to_none=True)
         loss = self.loss(x, y, client_state)
         loss.backward()
         self.before_step(client_state)
         opt.step()
+        with torch.no_grad():
+            for name, t in inputs.items():
+                if joint:
+                    t -= rates[name] * t.grad
+                setattr(self.model, name, t)
         return loss
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
         """The local objective on one batch; y holds class ids or soft targets (B, classes)."""
         return F.cross_entropy(self.model(x), y)
+
+    def trained_inputs(self) -> tuple[dict[str, float], bool]:
+        """The tensors besides the parameters that a client trains (DisTrans's offset), by the attribute of the
+        model that holds each (a leaf that requires grad, put there by :meth:`start`), with the rate of their
+        plain SGD step; and whether they step on the model step's gradients (joint) rather than before it (see
+        :meth:`train_step`). Here none."""
+        return {}, False
 
     def frozen_models(self) -> dict[str, nn.Module]:
         """Modules besides the model that :meth:`loss` runs without training them and whose weights are the

@@ -19,6 +19,8 @@ How it differs from FedAvg
 - Per mini-batch (Algorithm 1): one SGD step on the offset with the model fixed (batch-norm running
   statistics included), then one step on the model with the offset fixed. ``joint=True`` is the
   authors' code: one backward pass, both stepped together.
+  The offset is the model's trained input (:meth:`~fedlab_core.algorithms.base.Algorithm.trained_inputs`): the
+  base local step takes these two steps, in the loop and in the batched executor alike.
 - The server averages the models as FedAvg does, weighted by the clients' sample counts (the paper does
   not say; ``sample_weighted=False`` is the authors' code's plain mean), and aggregates the offsets
   (Section 4.4):
@@ -175,23 +177,6 @@ class OffsetNetwork(nn.Module):
         return t + self.convs(torch.cat([t, plane], dim=1))
 
 
-@contextlib.contextmanager
-def frozen_statistics(model: nn.Module):
-    """Batch norm normalises with the batch as in training but leaves its running statistics alone."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    saved = [(m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None)
-             for m in norms]
-    for m in norms:
-        m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch
-    try:
-        yield
-    finally:
-        for m, (momentum, tracked) in zip(norms, saved):
-            m.momentum = momentum
-            if tracked is not None:
-                m.num_batches_tracked.copy_(tracked)
-
-
 class DisTrans(Algorithm):
     """FedAvg of a double-input-channel model plus one trained input offset per client.
 
@@ -217,6 +202,7 @@ class DisTrans(Algorithm):
     """
 
     name = "distrans"
+    batched = True
     shares = (          # see the module documentation
         "its offset (an input-shaped tensor) under the avg and nn aggregations, and its class counts under nn; "
         "nothing more under none")
@@ -271,13 +257,20 @@ class DisTrans(Algorithm):
             tensors["offset"] = server_state["sent"][cid]
         return Message(tensors)
 
-    def local_update(self, message: Message, client_state: dict[str, Any], data: ClientData,
-                     rng: torch.Generator) -> tuple[Message, dict[str, Any]]:
-        self.load(message.tensors["weights"], client_state)
-        start = message.tensors.get("offset", client_state["offset"])
-        self._offset = start.detach().clone().requires_grad_(True)  # (C, H, W), the offset being trained
+    def start(self, message: Message, client_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The received model, and the offset the training starts from (the server's, else the client's own) as
+        the model's trained input."""
+        super().start(message, client_state)
+        begin = message.tensors.get("offset", client_state["offset"])
+        self._offset = begin.detach().clone().requires_grad_(True)  # (C, H, W), the offset being trained
         self.model.offset = self._offset
-        loss = self.train_local(data, rng, client_state)
+        return {}
+
+    def trained_inputs(self) -> tuple[dict[str, float], bool]:
+        """The offset, stepped before the model's step on each batch (Algorithm 1), or with it (``joint``)."""
+        return {"offset": self.offset_lr}, self.joint
+
+    def finish(self, data: ClientData, loss: float, client_state: dict[str, Any]) -> tuple[Message, dict[str, Any]]:
         client_state["offset"] = self._offset.detach().clone()
         upload = self.upload(data, loss, client_state)
         initial = self.init_client(data.cid)["offset"]
@@ -360,27 +353,6 @@ class DisTrans(Algorithm):
         """The global test set with the mean of the clients' test offsets."""
         mean = torch.stack([self.test_offset_of(server_state, s) for s in client_states.values()]).mean(0)
         return self.predict(server_state, {"offset": mean}, x)
-
-    # ------------------------------------------------------------------ building blocks
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
-                   client_state: dict[str, Any]) -> torch.Tensor:
-        t = self._offset
-        if self.joint:  # the authors' code: both from one backward pass
-            t.grad = None
-            loss = super().train_step(x, y, opt, client_state)
-            with torch.no_grad():
-                t -= self.offset_lr * t.grad
-            return loss
-        with frozen_statistics(self.model):  # offset step: the model, statistics included, stays fixed
-            self.model.offset = t
-            (grad,) = torch.autograd.grad(self.loss(x, y, client_state), t)
-        with torch.no_grad():
-            t -= self.offset_lr * grad
-        self.model.offset = t.detach()  # model step: the offset stays fixed
-        loss = super().train_step(x, y, opt, client_state)
-        self.model.offset = t
-        return loss
 
 
 # ---------------------------------------------------------------------- communication overhead (Table 7)
