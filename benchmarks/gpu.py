@@ -1,8 +1,8 @@
 """What the batched executor and runs trained together gain on a GPU, as ratios against the loop on the same GPU
 and against the same machine's CPU cores.
 
-FedAvg on Fashion-MNIST, LeNet-5, Dirichlet(0.5) split, batch 32, one local epoch, momentum 0.9, every client
-sampled. Three measurements, each printed as a ratio (above 1: faster than what it is compared with):
+FedAvg (``--algorithm``: another batched method) on Fashion-MNIST, LeNet-5, Dirichlet(0.5) split, batch 32, one
+local epoch, momentum 0.9, every client sampled. Three measurements, each printed as a ratio (above 1: faster than what it is compared with):
 
 1. clients batched: the local training of one round (the engine's ``train_seconds``, the fastest of rounds 2 to
    ``--rounds``; round 1 warms the GPU up), for K clients sharing ``--train`` images: the batched executor on the
@@ -32,8 +32,9 @@ RATES = (0.01, 0.02, 0.05, 0.1, 0.2)
 SEEDS = (0, 1, 2, 3, 4)
 
 
-def base(train: int, clients: int, rounds: int) -> RunConfig:
-    return RunConfig(dataset="fashion_mnist", model="lenet5", max_train_samples=train, max_test_samples=2_000,
+def base(train: int, clients: int, rounds: int, algorithm: str = "fedavg") -> RunConfig:
+    return RunConfig(algorithm=algorithm, dataset="fashion_mnist", model="lenet5", max_train_samples=train,
+                     max_test_samples=2_000,
                      partition="dirichlet", alpha=0.5, num_clients=clients, num_rounds=rounds, eval_every=rounds,
                      batch_size=32, local_epochs=1, lr=0.05, momentum=0.9, seed=0)
 
@@ -60,6 +61,7 @@ def wall(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--algorithm", default="fedavg", help="a batched method (fedavg, moon, distrans, ...)")
     parser.add_argument("--train", type=int, default=60_000, help="training images shared by the clients")
     parser.add_argument("--clients", nargs="+", type=int, default=[10, 100, 1000])
     parser.add_argument("--rounds", type=int, default=3)
@@ -87,7 +89,7 @@ def clients(args, device: torch.device, cpu: torch.device) -> None:
           f"{args.train} images (samples/s; ratios: batched against each)", flush=True)
     accuracy = {}
     for k in args.clients:
-        config = base(args.train, k, args.rounds)
+        config = base(args.train, k, args.rounds, args.algorithm)
         loop, acc_loop, images = round_seconds(config.replace(executor="loop"), device)
         batched, acc_batched, _ = round_seconds(config.replace(executor="batched"), device)
         accuracy[k] = (acc_loop, acc_batched)
@@ -105,7 +107,7 @@ def clients(args, device: torch.device, cpu: torch.device) -> None:
 
 def grid(args, device: torch.device) -> None:
     """Measurement 2: a tuning grid's runs, together, one by one and on the CPU cores."""
-    grid = [base(args.grid_train, args.grid_clients, args.rounds).replace(lr=lr, seed=seed)
+    grid = [base(args.grid_train, args.grid_clients, args.rounds, args.algorithm).replace(lr=lr, seed=seed)
             for lr in RATES for seed in SEEDS]
     print(f"\n2. a tuning grid: {len(RATES)} rates x {len(SEEDS)} seeds, {args.grid_clients} clients, "
           f"{args.grid_train} images, {args.rounds} rounds each (seconds for the {len(grid)} runs)", flush=True)

@@ -196,6 +196,7 @@ def _workers_end_with_their_parent(tmp_path, source: str, sig: int, *args: str) 
     assert not any(_alive(p) for p in workers), "workers outlived their parent"
 
 
+@pytest.mark.every_core  # two workers, timed: not beside the smoke book's build
 def test_workers_end_when_their_parent_is_killed(tmp_path):
     _workers_end_with_their_parent(tmp_path, KILLED_PARENT, signal.SIGKILL)
 
@@ -214,12 +215,14 @@ TERMINATED_SWEEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.every_core  # two workers, timed: not beside the smoke book's build
 def test_a_sweeps_workers_end_when_it_is_terminated(tmp_path):
     # SIGTERM, as a notebook server or a job scheduler stops a chapter (a SIGKILL takes the same path: the parent
     # dies and the workers' watcher ends them)
     _workers_end_with_their_parent(tmp_path, TERMINATED_SWEEP, signal.SIGTERM, str(tmp_path / "cache"))
 
 
+@pytest.mark.every_core  # two workers, timed: not beside the smoke book's build
 def test_a_sweeps_workers_end_when_it_is_interrupted(tmp_path):
     # SIGINT to the sweep alone (a notebook's interrupt button, `kill -INT`): the runs in flight end with it, not
     # when they would have finished
