@@ -157,8 +157,9 @@ def test_steps_padded_to_a_fixed_width_give_each_client_its_own_numbers(monkeypa
     assert all(torch.equal(a, b) for a, b in zip(plain[1], padded[1], strict=True))
 
 
-def test_batched_runs_are_bit_identical():
-    a, b = (_rounds(CASE.replace(algorithm="fedprox", executor="batched")) for _ in range(2))
+@pytest.mark.parametrize("algorithm", ["fedprox", "moon", "distrans"])
+def test_batched_runs_are_bit_identical(algorithm):
+    a, b = (_rounds(CASE.replace(algorithm=algorithm, executor="batched")) for _ in range(2))
     assert _numbers(a[0]) == _numbers(b[0])
     assert all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
 
@@ -171,8 +172,9 @@ class _Stop(Exception):
     pass
 
 
-def test_a_batched_run_resumes_from_its_checkpoint_to_the_same_numbers(tmp_path, monkeypatch):
-    config = CASE.replace(num_rounds=4, executor="batched")
+@pytest.mark.parametrize("algorithm", ["fedavg", "moon", "distrans"])  # their previous models, their offsets
+def test_a_batched_run_resumes_from_its_checkpoint_to_the_same_numbers(algorithm, tmp_path, monkeypatch):
+    config = CASE.replace(num_rounds=4, executor="batched", algorithm=algorithm)
     original = Simulation.run_round
 
     def run_round(self, state):  # the run dies after two rounds, its checkpoint written
