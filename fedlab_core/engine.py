@@ -407,7 +407,7 @@ class Simulation:
         return out
 
 
-def run_together(sims: list[Simulation], states: list[SimulationState | None],
+def run_together(sims: list[Simulation], states: list[SimulationState],
                  on_round_end: list[Callable[[SimulationState], None] | None]) -> list[SimulationState | Exception]:
     """Several runs trained together: in each round every run that has not ended (its rounds done, or stopped at
     its plateau) samples its clients, and the local updates of all the batched runs (:attr:`Simulation.batched`)
@@ -415,11 +415,11 @@ def run_together(sims: list[Simulation], states: list[SimulationState | None],
     own. A run's numbers are those it has alone: its clients' streams, batches, rates and rounds are its own. The
     batched runs must share the algorithm's class and settings but for the local training's rates, the model's
     architecture and the device; a run the batched executor cannot train takes its rounds in the loop, in turn.
-    `states`: where each run resumes (None: from the start); `on_round_end[i]` is called with run i's state
-    after each of its rounds. Returns each run's final state, or the exception that ended it (a diverged run
-    ends; the others go on)."""
-    out: list[SimulationState | Exception] = [sim.initial_state() if st is None else sim.resume_state(st)
-                                              for sim, st in zip(sims, states)]
+    `states`: where each run starts, each from its :meth:`Simulation.initial_state` or
+    :meth:`Simulation.resume_state` called right after its own build (their initialisation draws from the stream
+    the build left, as in a run alone); `on_round_end[i]` is called with run i's state after each of its rounds.
+    Returns each run's final state, or the exception that ended it (a diverged run ends; the others go on)."""
+    out: list[SimulationState | Exception] = list(states)
     while True:
         going = [i for i, (sim, st) in enumerate(zip(sims, out)) if isinstance(st, SimulationState)
                  and st.next_round <= sim.num_rounds and not sim.plateaued(st)]

@@ -548,11 +548,14 @@ def _together(configs: list[RunConfig], device: torch.device, folder: Path, use_
     started = time.perf_counter()
     keys = [cache_key(c, device) for c in configs]
     paths = [(folder / f"{k}.json", folder / f"{k}.ckpt", folder / f"{k}.final") for k in keys]
-    sims = [build(c, device, progress=False) for c in configs]
     states = [_read_state(p[1], k, device) if use_cache else None for k, p in zip(keys, paths)]
     latest = [{"state": s} for s in states]
     resumed_from = [0 if s is None else s.next_round - 1 for s in states]  # before the states move on
-    ends = engine_run_together(sims, states, [_checkpointer(c, k, p[1], use_cache, checkpoint_every, l)
+    sims, starts = [], []
+    for c, state in zip(configs, states):  # each run initialised right after its build, as alone (MOON's head and
+        sims.append(build(c, device, progress=False))  # DisTrans's offsets draw from the stream the build left)
+        starts.append(sims[-1].initial_state() if state is None else sims[-1].resume_state(state))
+    ends = engine_run_together(sims, starts, [_checkpointer(c, k, p[1], use_cache, checkpoint_every, l)
                                               for c, k, p, l in zip(configs, keys, paths, latest)])
     out = []
     for c, k, p, sim, start, end, l in zip(configs, keys, paths, sims, resumed_from, ends, latest):

@@ -237,6 +237,14 @@ def test_runs_trained_together_are_the_runs_trained_alone(tmp_path):
     assert run_many(GRID, cache_dir=tmp_path)[1].meta["key"] == together[1].meta["key"]  # read back, not re-run
 
 
+@pytest.mark.parametrize("algorithm", ["moon", "distrans"])  # their initialisation draws: MOON's head, the offsets
+def test_runs_initialised_by_their_method_trained_together_are_the_runs_trained_alone(algorithm):
+    grid = [CASE.replace(executor="batched", algorithm=algorithm, num_rounds=2, seed=seed) for seed in (0, 1)]
+    for config, history in zip(grid, run_many(grid, use_cache=False)):
+        alone = run(config, use_cache=False, progress=False, workers=1)
+        assert _numbers(history.rounds) == _numbers(alone.rounds), config.seed
+
+
 def test_a_diverging_run_ends_alone_and_the_others_go_on():
     configs = [GRID[0], GRID[1].replace(lr=50.0)]
     histories = run_many(configs, use_cache=False, on_diverge="record")

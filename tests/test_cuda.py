@@ -1,5 +1,5 @@
-"""On a CUDA GPU (skipped without one): two runs of one config give the same bits, with either executor, and say
-which kernels computed them; "auto" batches the clients where the method allows it; runs trained together are
+"""On a CUDA GPU (skipped without one): two runs of one config give the same bits, with either executor and every
+kind of batched step, and say which kernels computed them; "auto" batches the clients where the method allows it; runs trained together are
 the runs trained alone; a CPU run with worker processes after CUDA training in the same process succeeds.
 
 Self-contained (no fixture of conftest.py), so that ``pytest --noconftest tests/test_cuda.py`` runs on a GPU
@@ -58,6 +58,17 @@ history = run(config, use_cache=False, device="cpu", progress=False, workers=2)
 assert history.meta["workers"] == 2 and history.meta["failed_clients"] == 0, history.meta
 print("ok")
 """
+
+
+@pytest.mark.parametrize("algorithm", ["moon", "distrans", "scaffold", "fedbn"])
+def test_every_kind_of_batched_step_is_bit_identical_and_its_runs_together_are_alone(algorithm):
+    # frozen models (MOON), trained inputs (DisTrans), a gradient correction (SCAFFOLD), per-client batch norm (FedBN)
+    model = "lenet5_bn" if algorithm == "fedbn" else "lenet5"
+    config = CASE.replace(algorithm=algorithm, model=model, num_rounds=2, executor="batched")
+    a, b = (run(config, use_cache=False, device="cuda", progress=False) for _ in range(2))
+    assert a.meta["executor"] == "batched" and _numbers(a) == _numbers(b)
+    together = run_many([config, config.replace(seed=1)], use_cache=False, device="cuda")
+    assert together[0].meta["trained_together"] == 2 and _numbers(together[0]) == _numbers(a)
 
 
 def test_a_cpu_run_with_workers_after_cuda_training_succeeds():
