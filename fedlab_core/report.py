@@ -149,7 +149,7 @@ def provenance(h: "History") -> dict[str, Any]:
     from .store import Archive, archive_key
 
     meta = h.meta
-    archived = archive_key(RunConfig(**h.config), meta.get("device", "cpu"))
+    archived = archive_key(RunConfig(**h.config), meta.get("device", "cpu"), meta.get("torch"))  # as computed
     return {"seed": h.config["seed"], "key": meta.get("key"), "code_version": meta.get("code_version"),
             "archive_key": archived, "archived": Archive().paths(archived)[0].exists(),
             "device": meta.get("device"), "executor": meta.get("executor", "loop"),

@@ -51,6 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE_DIR = ROOT / "book" / "runs"
 REFERENCES = "pinned"    # the archive's subfolder of reference runs (Archive.references)
 DEVICE_TYPES = ("cpu", "cuda")   # the devices whose runs the archive holds, each read on the other too
+# The PyTorch builds whose runs the archive holds (torch.__version__, build tag included; a test checks every
+# entry's): a run is read under another build of the same release too (the pinned torch==2.14.1 installs as
+# "+cu130" from PyPI, "+cpu" from PyTorch's CPU index), so a machine with either reads the archive
+ARCHIVE_BUILDS = ("2.14.1+cu130",)
 
 
 @dataclass
@@ -255,12 +259,13 @@ def settings(config: "RunConfig") -> dict[str, Any]:
     return {k: v for k, v in _plain(config.to_dict()).items() if k not in defaults or defaults[k] != v}
 
 
-def archive_key(config: "RunConfig", device: torch.device | str) -> str:
+def archive_key(config: "RunConfig", device: torch.device | str, build: str | None = None) -> str:
     """A run's name in the archive: a hash of its config's :func:`settings`, the device type and PyTorch's
-    version; not of the library's code, so an archived run outlives code changes that do not move its numbers
-    (:func:`verify` says which do), and not of the fields at their defaults, so it outlives new fields too."""
+    version (`build`, default this process's); not of the library's code, so an archived run outlives code changes
+    that do not move its numbers (:func:`verify` says which do), and not of the fields at their defaults, so it
+    outlives new fields too."""
     payload = json.dumps({"config": settings(config), "device": getattr(device, "type", device),
-                          "torch": torch.__version__}, sort_keys=True, default=str)
+                          "torch": build or torch.__version__}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
@@ -304,12 +309,17 @@ class Archive:
     def key_of(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> str | None:
         """The key of this run's entry (only if `with_state`, one whose final state is archived too): the entry
         computed on `device`'s type, else the one computed on the other type of :data:`DEVICE_TYPES` (a CPU's
-        on a GPU, a GPU's on a CPU), so the book reads its runs wherever it is built, each history's meta saying
-        where it was computed; None when there is neither."""
-        for kind in sorted(DEVICE_TYPES, key=lambda kind: kind != device.type):
-            result, final = self.paths(archive_key(config, kind))
-            if result.exists() and (final.exists() or not with_state):
-                return archive_key(config, kind)
+        on a GPU, a GPU's on a CPU); by this PyTorch build, else by another build of its release that the archive
+        holds (:data:`ARCHIVE_BUILDS`). So the book reads its runs wherever it is built, each history's meta
+        saying where and with which build it was computed; None when there is none."""
+        release = torch.__version__.split("+")[0]
+        builds = [torch.__version__] + [b for b in ARCHIVE_BUILDS if b != torch.__version__ and b.split("+")[0] == release]
+        for build in builds:
+            for kind in sorted(DEVICE_TYPES, key=lambda kind: kind != device.type):
+                key = archive_key(config, kind, build)
+                result, final = self.paths(key)
+                if result.exists() and (final.exists() or not with_state):
+                    return key
         return None
 
     def get(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> History | None:

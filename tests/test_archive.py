@@ -279,6 +279,28 @@ def test_an_archived_run_is_read_whatever_device_would_compute_it_now(tiny, tmp_
     assert archive.get(tiny, CPU, with_state=True) is None                 # no final state archived
 
 
+def test_an_archived_run_is_read_under_another_build_of_the_same_pytorch_release(tiny, tmp_path, archive,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    run(tiny, cache_dir=tmp_path, workers=1)
+    monkeypatch.delenv("FEDLAB_ARCHIVE")
+    [(key, _)] = list(archive.entries())
+    release = torch.__version__.split("+")[0]
+    monkeypatch.setattr(store, "ARCHIVE_BUILDS", (torch.__version__,))
+    monkeypatch.setattr(torch, "__version__", f"{release}+other")          # say, "+cpu" from PyTorch's CPU index
+    assert archive.key_of(tiny, CPU) == key
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("an archived run was re-run"))
+    assert run(tiny, cache_dir=tmp_path / "empty").meta["torch"] == store.ARCHIVE_BUILDS[0]  # the build that computed it
+    monkeypatch.setattr(torch, "__version__", "99.0.0+cpu")                  # another release: its own runs
+    assert archive.key_of(tiny, CPU) is None
+
+
+def test_archive_builds_name_the_build_of_every_archived_run():
+    archive = Archive(store.ARCHIVE_DIR)
+    builds = {h.meta.get("torch") for _, h in [*archive.entries(), *archive.references()]}
+    assert builds <= set(store.ARCHIVE_BUILDS), builds - set(store.ARCHIVE_BUILDS)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU re-runs a GPU's run")
 def test_verification_reports_a_run_computed_on_a_gpu_as_not_checkable_on_a_machine_without_one(tiny, tmp_path,
                                                                                                 archive, monkeypatch):
