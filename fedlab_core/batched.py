@@ -36,11 +36,11 @@ would compute dropped, or from the model step's own gradients (joint), as the lo
 Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix, normalisation; OT alignment
 acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
 
-Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own
-(pFedMe, pFedHN, FedAWS, FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers other than batch norm's, and dropout
-(it draws from the global stream per client). Batch norm keeps each client's own running statistics and
-computes a batch's statistics over its real samples (:func:`_norm`): the loop's formulas, summed in another
-order.
+Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own (pFedMe,
+pFedHN, FedAWS, FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers
+other than batch norm's, and dropout (it draws from the global stream per client). Batch norm keeps each client's
+own running statistics and computes a batch's statistics over its real samples (:func:`_norm`): the loop's
+formulas, summed in another order.
 """
 from __future__ import annotations
 
