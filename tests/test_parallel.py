@@ -2,6 +2,7 @@
 count and whether the workers were forked or spawned (after autograd started threads in the parent); a dying
 worker is reported with its client and round; no worker outlives its run."""
 import multiprocessing as mp
+import contextlib
 import os
 import signal
 import subprocess
@@ -179,24 +180,32 @@ def _workers_end_with_their_parent(tmp_path, source: str, sig: int, *args: str) 
     """Run `source` (it writes its two workers' pids to argv[1]), send it `sig` once they work, require them gone."""
     script, pids = tmp_path / "parent.py", tmp_path / "pids"
     script.write_text(source)
-    proc = subprocess.Popen([sys.executable, str(script), str(pids), *args], cwd=ROOT)
-    deadline = time.time() + 120
-    while not (pids.exists() and pids.read_text()):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.05)
-    workers = [int(p) for p in pids.read_text().split()]
-    assert len(workers) == 2 and all(_alive(p) for p in workers)
-    proc.send_signal(sig)
-    # the parent ends promptly, without waiting for its runs (100,000 rounds): about 10 s alone, and once over 30 s
-    # beside the rest of the suite on two busy cores, so a minute
-    proc.wait(timeout=60)
-    deadline = time.time() + 10
-    while any(_alive(p) for p in workers) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in workers), "workers outlived their parent"
+    # SIGINT as a terminal delivers it: a suite started in the background of a non-interactive shell ignores
+    # SIGINT, and an ignored signal stays ignored across exec (the parent would never see it)
+    proc = subprocess.Popen([sys.executable, str(script), str(pids), *args], cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while not (pids.exists() and pids.read_text()):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert len(workers) == 2 and all(_alive(p) for p in workers)
+        proc.send_signal(sig)
+        # the parent ends promptly, without waiting for its runs (100,000 rounds): 10 to 20 s; a minute of margin
+        proc.wait(timeout=60)
+        deadline = time.time() + 10
+        while any(_alive(p) for p in workers) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in workers), "workers outlived their parent"
+    finally:  # a failure leaves no process computing through the rest of the suite
+        for pid in [proc.pid, *workers]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
 
-@pytest.mark.every_core  # two workers, timed: not beside the smoke book's build
 def test_workers_end_when_their_parent_is_killed(tmp_path):
     _workers_end_with_their_parent(tmp_path, KILLED_PARENT, signal.SIGKILL)
 
@@ -215,14 +224,12 @@ TERMINATED_SWEEP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.every_core  # two workers, timed: not beside the smoke book's build
 def test_a_sweeps_workers_end_when_it_is_terminated(tmp_path):
     # SIGTERM, as a notebook server or a job scheduler stops a chapter (a SIGKILL takes the same path: the parent
     # dies and the workers' watcher ends them)
     _workers_end_with_their_parent(tmp_path, TERMINATED_SWEEP, signal.SIGTERM, str(tmp_path / "cache"))
 
 
-@pytest.mark.every_core  # two workers, timed: not beside the smoke book's build
 def test_a_sweeps_workers_end_when_it_is_interrupted(tmp_path):
     # SIGINT to the sweep alone (a notebook's interrupt button, `kill -INT`): the runs in flight end with it, not
     # when they would have finished

@@ -203,7 +203,6 @@ def test_sweep_local_matches_sequential_runs(tiny, tmp_path, capfd):
         assert _numbers(h) == _numbers(run(config, use_cache=False, progress=False))
 
 
-@pytest.mark.every_core  # a Ray instance of two CPUs beside the smoke book's build: minutes instead of 30 s
 def test_sweep_on_a_local_ray_instance(tiny, tmp_path):
     ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install -e '.[ray]')")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"working_dir": None})
