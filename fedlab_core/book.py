@@ -157,7 +157,11 @@ def execute(profile: str, notebooks: Path, chapters: Path, toc: Path, profiles: 
         import concurrent.futures
         import multiprocessing
 
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # side by side, each chapter's kernel computes on its share of the cores: more threads than cores would
+        # only wait on each other (the numbers do not depend on the thread count; see fedlab_core.kernels)
+        share = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // jobs))}
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                    initializer=_set_environ, initargs=(share,)) as pool:
             futures = {}
             for stem in first:
                 todo = due(stem)
@@ -283,6 +287,11 @@ def _execute_one(notebooks: Path, chapters: Path, stem: str, profile: str, param
     return nb.metadata["fedlab"]["seconds"]
 
 
+def _set_environ(values: dict[str, str]) -> None:
+    """Set environment variables in a process of :func:`execute`'s pool (its kernels inherit them)."""
+    os.environ.update(values)
+
+
 def _execute_guarded(*args: Any) -> tuple[float, str]:
     """:func:`_execute_one` in a process of :func:`execute`'s pool: (seconds, "") or (0, the error in one line),
     as an error raised there need not cross back to the parent intact."""
@@ -294,8 +303,8 @@ def _execute_guarded(*args: Any) -> tuple[float, str]:
         return 0.0, f"{type(err).__name__}: {err}"
 
 
-# Chapters executed side by side per profile: the smoke profile's chapters compute their runs on one process each;
-# the book profile's run their own sweeps on every core.
+# Chapters executed side by side per profile: the smoke profile's chapters compute their runs on one process each
+# (WORKERS: 1) with a thread each; the book profile's run their own sweeps on every core.
 JOBS = {"smoke": 2}
 TIMINGS = ROOT / "book" / "chapter_seconds.json"   # committed: the estimates work on a fresh clone
 

@@ -11,6 +11,9 @@ import torch
 from torch import nn
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# the kernels and processes the tests start compute on one thread each, like the tests themselves (below): the
+# smoke book's chapters run beside the tests, and more threads than cores would only wait on each other
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from fedlab_core import RunConfig  # noqa: E402
 

@@ -62,12 +62,13 @@ def _tiny_book(tmp_path):
     return tmp_path / "notebooks", tmp_path / "chapters", toc
 
 
-def test_chapters_execute_side_by_side_with_the_report_last_and_a_failure_names_its_chapter(tmp_path):
+def test_chapters_execute_side_by_side_with_the_report_last_and_a_failure_names_its_chapter(tmp_path, monkeypatch):
     notebooks, chapters, toc = _tiny_book(tmp_path)
     source = nbformat.read(notebooks / "tiny.ipynb", as_version=4)
     for stem, text in (("other", "'world'"), ("report", "open('results/ran.txt').read()")):
         nb = copy.deepcopy(source)
-        nb.cells[1].source = f"from myst_nb import glue\nglue('text', {text})"
+        nb.cells[1].source = (f"from myst_nb import glue\nglue('text', {text})\n"
+                              "import os\nglue('threads', os.environ.get('OMP_NUM_THREADS'))")
         nbformat.write(nb, notebooks / f"{stem}.ipynb")
     source.cells[1].source += ("\nimport os\nos.makedirs('results', exist_ok=True)"
                                "\nopen('results/ran.txt', 'w').write('after the others')")
@@ -75,10 +76,14 @@ def test_chapters_execute_side_by_side_with_the_report_last_and_a_failure_names_
     toc.write_text("format: jb-book\nroot: intro\nchapters:\n  - file: chapters/report\n  - file: chapters/tiny\n"
                    "  - file: chapters/other\n")
     profiles = {s: {"book": {"GREETING": "hi", "REPEAT": 1}} for s in ("tiny", "other", "report")}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(book.os, "cpu_count", lambda: 8)
     ran = book.execute("smoke", notebooks, chapters, toc, profiles, jobs=2)
     assert sorted(ran[:2]) == ["other", "tiny"] and ran[2] == "report"        # the report reads the others' results
     assert [book.read_glue(chapters / f"{s}.ipynb")["text"] for s in ("tiny", "other", "report")] == \
         ["hi", "world", "after the others"]
+    # side by side, a chapter computes on its share of the cores (8 cores, 2 jobs); the report, alone, on all
+    assert [book.read_glue(chapters / f"{s}.ipynb")["threads"] for s in ("other", "report")] == ["4", None]
     broken = nbformat.read(notebooks / "other.ipynb", as_version=4)
     broken.cells[1].source = "raise KeyError('no such column')"
     nbformat.write(broken, notebooks / "other.ipynb")
