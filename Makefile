@@ -8,6 +8,8 @@ PROFILE ?= book
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pytest-xdist's workers for `make test`: the tests run two at a time beside the smoke book's build
+TEST_WORKERS ?= 2
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 # MathJax, served by the built book itself so that formulas typeset with no network (npm's registry)
 MATHJAX_VERSION := 3.2.2
@@ -70,7 +72,7 @@ labs: env  ## the labs' student (labs/release) and solution (labs/solution) sets
 	$(PY) -c "from fedlab_core import labs; print(*(f'{k}: {v}' for k, v in labs.build_sets().items()), sep='\\n')"
 
 test: env data browser mathjax  ## the whole test suite, from scratch
-	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$cache $(PY) -m pytest -q --durations=25
+	cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && MPLBACKEND=Agg FEDLAB_CACHE_DIR=$$cache $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 verify: env data  ## the archive against the code: first rounds of one run per method/data/model/split (ALL=1: every run in full)
 	$(PY) -m fedlab_core.book --verify $(if $(ALL),--all)

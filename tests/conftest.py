@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -62,36 +63,63 @@ def _the_repositorys_archive_is_never_written():
 
 
 # ------------------------------------------------------------------ the smoke book, built beside the other tests
-# Executing every notebook with the smoke profile takes minutes, two chapters at a time, while most tests run
-# on one core. So the book is built from the start of the session in a process of its own, with the
-# environment the session started with (a test that sets a variable while it runs cannot reach the chapters),
-# and the other tests run while its chapters execute; then come the tests that read the book, and last those
-# marked `every_core`, which would only compete with the build for the cores.
+# Executing every notebook with the smoke profile takes minutes, two chapters at a time, while the other tests
+# run. So the book is built from the start of the session in a process of its own, with the environment the
+# session started with (a test that sets a variable while it runs cannot reach the chapters); then come the
+# tests that read the book, and last those marked `every_core`. With pytest-xdist's workers (`make test` runs
+# two), the build is shared: the controlling process names its folder, the first worker starts it, and a
+# worker reads it once the build has written its exit status there.
+SHARED = "FEDLAB_SMOKE_BOOK"   # the build's folder, named for the session's workers
 BUILD_SMOKE_BOOK = """
+import os
 import sys
+import traceback
 from pathlib import Path
-from fedlab_core import book
 where, notebooks = Path(sys.argv[1]), Path(sys.argv[2])
-book_dir = book.stage(where)
-executed = book.execute("smoke", notebooks, book_dir / "chapters", book_dir / "_toc.yml", jobs=book.JOBS["smoke"])
-missing = sorted({p.stem for p in notebooks.glob("*.ipynb")} - set(executed))
-if missing:
-    sys.exit(f"the smoke build executed no {missing}")
-book.write_status(book_dir / "chapters", book_dir / "_toc.yml")
-book.write_labs(book_dir)
-print(book.build_html(book_dir, where / "_config.yml"))
+status = 1
+try:
+    from fedlab_core import book
+    book_dir = book.stage(where)
+    executed = book.execute("smoke", notebooks, book_dir / "chapters", book_dir / "_toc.yml", jobs=book.JOBS["smoke"])
+    missing = sorted({p.stem for p in notebooks.glob("*.ipynb")} - set(executed))
+    if missing:
+        raise RuntimeError(f"the smoke build executed no {missing}")
+    book.write_status(book_dir / "chapters", book_dir / "_toc.yml")
+    book.write_labs(book_dir)
+    index = book.build_html(book_dir, where / "_config.yml")
+    (where / "index").write_text(str(index))
+    status = 0
+except BaseException:
+    traceback.print_exc()
+finally:
+    (where / "status.part").write_text(str(status))
+    os.replace(where / "status.part", where / "status")
+sys.exit(status)
 """
 _SMOKE_BOOK: dict = {}
+BUILD_WAIT = 3600   # seconds a worker waits for a build another worker started
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):    # the controlling process (or a run without workers)
+        os.environ[SHARED] = tempfile.mkdtemp(prefix="fedlab-smoke-book-")
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(SHARED), ignore_errors=True)
 
 
 def _start_smoke_book() -> None:
     if not _SMOKE_BOOK:
-        where = Path(tempfile.mkdtemp(prefix="fedlab-smoke-book-"))
-        log = (where / "build.log").open("w")
-        root = Path(__file__).resolve().parents[1]
-        process = subprocess.Popen([sys.executable, "-c", BUILD_SMOKE_BOOK, str(where), str(root / "notebooks")],
-                                   cwd=root, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        _SMOKE_BOOK.update(where=where, log=log, process=process)
+        where = Path(os.environ[SHARED])
+        _SMOKE_BOOK["where"] = where
+        if os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0":   # the first worker, or the only process
+            log = (where / "build.log").open("w")
+            root = Path(__file__).resolve().parents[1]
+            process = subprocess.Popen([sys.executable, "-c", BUILD_SMOKE_BOOK, str(where), str(root / "notebooks")],
+                                       cwd=root, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+            _SMOKE_BOOK.update(log=log, process=process)
 
 
 @pytest.hookimpl(trylast=True)   # after -k and -m have deselected what will not run
@@ -101,26 +129,34 @@ def pytest_collection_modifyitems(config, items):
     if any(map(reads, items)) and not config.option.collectonly:
         def rank(item):
             return 2 if item.get_closest_marker("every_core") else 1 if reads(item) else 0
-        items.sort(key=rank)     # stable: each group keeps its order
+        items.sort(key=rank)     # stable: each group keeps its order (every worker collects the same order)
         _start_smoke_book()
 
 
 def pytest_sessionfinish(session):
-    if _SMOKE_BOOK:
+    if "process" in _SMOKE_BOOK:
         if _SMOKE_BOOK["process"].poll() is None:
             print("\nwaiting for the smoke book's build, started in the background, to end")
         _SMOKE_BOOK["process"].wait()
         _SMOKE_BOOK["log"].close()
-        shutil.rmtree(_SMOKE_BOOK["where"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def smoke_book():
     """Every notebook executed with the smoke profile, and the HTML book built from them: (the book, its HTML)."""
     _start_smoke_book()
-    where, process = _SMOKE_BOOK["where"], _SMOKE_BOOK["process"]
-    if process.wait() != 0:
+    where = _SMOKE_BOOK["where"]
+    if "process" in _SMOKE_BOOK:
+        _SMOKE_BOOK["process"].wait()
+    waited = time.monotonic()
+    while not (where / "status").exists():
+        if time.monotonic() - waited > BUILD_WAIT:
+            pytest.fail(f"the smoke book's build, started by another worker, did not end in {BUILD_WAIT} s",
+                        pytrace=False)
+        time.sleep(2)
+    status = (where / "status").read_text()
+    if status != "0":
         tail = (where / "build.log").read_text(errors="replace")[-4000:]
-        pytest.fail(f"the smoke book's build failed (exit {process.returncode}):\n{tail}", pytrace=False)
-    index = Path((where / "build.log").read_text().strip().splitlines()[-1])
+        pytest.fail(f"the smoke book's build failed (exit {status}):\n{tail}", pytrace=False)
+    index = Path((where / "index").read_text())
     return where / "book", index.parent
