@@ -106,8 +106,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if not hasattr(config, "workerinput"):
-        shutil.rmtree(os.environ.pop(SHARED), ignore_errors=True)
+    where = None if hasattr(config, "workerinput") else os.environ.pop(SHARED, None)
+    if where:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _start_smoke_book() -> None:
