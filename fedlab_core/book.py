@@ -304,7 +304,7 @@ def _execute_guarded(*args: Any) -> tuple[float, str]:
 
 
 # Chapters executed side by side per profile: the smoke profile's chapters compute their runs on one process each
-# (WORKERS: 1) with a thread each; the book profile's run their own sweeps on every core.
+# (WORKERS: 1), on their share of the cores' threads; the book profile's run their own sweeps on every core.
 JOBS = {"smoke": 2}
 TIMINGS = ROOT / "book" / "chapter_seconds.json"   # committed: the estimates work on a fresh clone
 

@@ -1,8 +1,8 @@
 """Clients trained side by side in worker processes: the same numbers as one process, whatever the thread
 count and whether the workers were forked or spawned (after autograd started threads in the parent); a dying
 worker is reported with its client and round; no worker outlives its run."""
-import multiprocessing as mp
 import contextlib
+import multiprocessing as mp
 import os
 import signal
 import subprocess
