@@ -22,8 +22,10 @@ import dataclasses
 import functools
 import gzip
 import hashlib
+import io
 import json
 import logging
+import lzma
 import math
 import os
 import pickle
@@ -216,9 +218,12 @@ def _read_state(path: Path, key: str, device: torch.device) -> SimulationState |
     if not path.exists():
         return None
     try:
+        data = path.read_bytes()
+        if data.startswith(_XZ_MAGIC):  # an archived state (_write_state's compress)
+            data = lzma.decompress(data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about the pickle protocol of foreign files
-            saved = torch.load(path, map_location=device, weights_only=True)
+            saved = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     except pickle.UnpicklingError:
         _set_aside(path, "holds objects other than tensors and plain values, so it was not loaded "
                          "(a crafted or foreign file)", tag="refused")
@@ -235,8 +240,17 @@ def _read_state(path: Path, key: str, device: torch.device) -> SimulationState |
         return None
 
 
-def _write_state(path: Path, key: str, state: SimulationState) -> None:
-    _atomic_write(path, lambda f: torch.save({"key": key, "state": dataclasses.asdict(state)}, f))
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def _write_state(path: Path, key: str, state: SimulationState, compress: bool = False) -> None:
+    """Save a state as PyTorch's file; with `compress` (the archive's), that file xz-compressed, which keeps every
+    bit and takes about a fifth less room (a third less for personalised models, which share their leading
+    bytes); a checkpoint, written every few rounds, is left uncompressed."""
+    buffer = io.BytesIO()
+    torch.save({"key": key, "state": dataclasses.asdict(state)}, buffer)
+    data = lzma.compress(buffer.getvalue(), preset=6) if compress else buffer.getvalue()
+    _atomic_write(path, lambda f: f.write(data))
 
 
 def _first_line(err: BaseException) -> str:
@@ -272,7 +286,7 @@ def archive_key(config: "RunConfig", device: torch.device | str, build: str | No
 class Archive:
     """The book's runs, committed in the repository: ``<key>.json.gz`` per run (its :class:`History` as gzipped
     JSON, the code version and the kernels that computed it in ``meta["code_version"]`` and ``meta["kernels"]``),
-    and ``<key>.final`` for the few runs whose final state a figure needs (read as data only).
+    and ``<key>.final`` for the few runs whose final state a figure needs (xz-compressed, read as data only).
 
     Writing is switched on by ``FEDLAB_ARCHIVE=write`` in the environment (the book's ``book`` profile
     sets it); reading is always on, so any run of a config the archive holds is read, not recomputed, on either
@@ -349,7 +363,7 @@ class Archive:
         key = archive_key(config, device)
         result, final = self.paths(key)
         if state is not None:
-            _write_state(final, key, state)
+            _write_state(final, key, state, compress=True)
         self.write(result, dataclasses.asdict(history))
         return result
 

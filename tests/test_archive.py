@@ -69,11 +69,21 @@ def test_a_kept_final_state_is_archived_and_trained_reads_it(tiny, tmp_path, arc
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     sim, state = trained(tiny, cache_dir=tmp_path)
     key = store.archive_key(tiny, CPU)
-    assert archive.paths(key)[1].exists()
+    final = archive.paths(key)[1]
+    assert final.read_bytes().startswith(b"\xfd7zXZ")                      # kept xz-compressed
     monkeypatch.setattr(runs_module, "run", lambda *a, **k: pytest.fail("trained() ran instead of reading"))
     sim2, state2 = trained(tiny, cache_dir=tmp_path / "empty")
     assert state2.rows == state.rows
-    assert torch.equal(state.server["weights"], state2.server["weights"])   # the flat global weights
+    assert torch.equal(state.server["weights"], state2.server["weights"])   # the flat global weights, every bit
+
+
+def test_a_damaged_compressed_state_is_set_aside_not_read(tiny, tmp_path, archive, monkeypatch, caplog):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    trained(tiny, cache_dir=tmp_path)
+    final = archive.paths(store.archive_key(tiny, CPU))[1]
+    final.write_bytes(final.read_bytes()[:-50])                            # truncated xz stream
+    assert archive.state(tiny, CPU) is None
+    assert final.with_name(final.name + ".damaged").exists() and "cannot be read" in caplog.text
 
 
 def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny, tmp_path, archive, monkeypatch):
