@@ -86,14 +86,14 @@ def main() -> None:
 def clients(args, device: torch.device, cpu: torch.device) -> None:
     """Measurements 1 and 3: one round's local training, K clients; the accuracy at the largest K."""
     print("\n1. one round's local training, K clients sharing "
-          f"{args.train} images (samples/s; ratios: batched against each)", flush=True)
+          f"up to {args.train} images (samples/s; ratios: batched against each)", flush=True)
     accuracy = {}
     for k in args.clients:
         config = base(args.train, k, args.rounds, args.algorithm)
         loop, acc_loop, images = round_seconds(config.replace(executor="loop"), device)
         batched, acc_batched, _ = round_seconds(config.replace(executor="batched"), device)
         accuracy[k] = (acc_loop, acc_batched)
-        line = (f"K={k:<5d} loop {images / loop:9,.0f}/s  batched {images / batched:9,.0f}/s  "
+        line = (f"K={k:<5d} {images} images  loop {images / loop:9,.0f}/s  batched {images / batched:9,.0f}/s  "
                 f"batched/loop {loop / batched:6.1f}x")
         if args.cores:
             cores, _, _ = round_seconds(config.replace(executor="loop"), cpu, workers=args.cores)
@@ -120,7 +120,6 @@ def grid(args, device: torch.device) -> None:
                                       max_workers=args.cores))
         line += f"  {args.cores} CPU cores {on_cores:7.1f} s  together/cores {on_cores / together:6.1f}x"
     print(line, flush=True)
-
 
 
 if __name__ == "__main__":
