@@ -785,17 +785,20 @@ SHARED_PROTOCOL = ("MODEL", "NUM_CLIENTS", "MAX_TRAIN_SAMPLES", "MAX_TEST_SAMPLE
 
 @pytest.mark.parametrize("profile", ["smoke", "book"])
 def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(profile):
-    # A chapter on the tuning chapter's absolute grid (it has RATES) shares its rates and rounds too; the
-    # chapters not yet re-designed keep the earlier relative grid, with one number of rounds among them.
-    tuning = book.profile_parameters(PROFILES, "tuning", profile)
+    # A chapter on the tuning chapter's absolute grid (it has RATES) shares its rates and rounds too. A chapter
+    # whose evidence values have become its book values tunes as the tuning chapter's evidence does (its seeds and
+    # rounds), so that the tuning chapter reuses its runs once its own evidence moves too.
     for stem in ("baselines", "distrans", "fedrdn", "fedrdn_analysis", "head_to_head"):
         params = book.profile_parameters(PROFILES, stem, profile)
+        moved = params.get("TUNE_SEEDS") == book.profile_parameters(PROFILES, "tuning", "evidence")["TUNE_SEEDS"]
+        tuning = book.profile_parameters(PROFILES, "tuning", "evidence" if moved and profile == "book" else profile)
         feature_skew_only = stem.startswith("fedrdn")
         for key in (*SHARED_PROTOCOL, "RATES"):
             if key in params and not (feature_skew_only and key in ("NUM_CLIENTS", "MAX_TRAIN_SAMPLES",
                                                                      "MAX_TEST_SAMPLES")):
                 assert params[key] == tuning[key], (stem, key)
         assert params["RATES"] == tuning["RATES"], stem     # every chapter on the one absolute grid
+    assert book.profile_parameters(PROFILES, "distrans", "book")["TUNE_SEEDS"] == [100, 101, 102]   # moved
 
 
 def test_fraug_chapter_runs_tables_1_and_2_on_another_benchmark(tmp_path, monkeypatch):
