@@ -433,6 +433,32 @@ def first_screen(table: "pd.DataFrame") -> str:
     return "\n".join(out).strip()
 
 
+def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, tune_seeds: Iterable[int],
+             seeds: Iterable[int], looks: int) -> dict[str, str]:
+    """A chapter's sentences on how its runs were tuned, budgeted and judged, from its own parameters (so the
+    page reads right under every profile), for glue: ``budget_rule``, ``monitor_rule``, ``tune_seeds`` (how many,
+    which, and whether the tables evaluate on them), ``tune_choice`` and ``second_look_rule``."""
+    tune_seeds, seeds = sorted(tune_seeds), set(seeds)
+    reused = [s for s in tune_seeds if s in seeds]
+    listed = ", ".join(map(str, tune_seeds))
+    return {
+        "budget_rule": f"Every run trains for all {num_rounds} rounds, so both arms of every comparison get one budget."
+        if not stop_at_plateau else f"Every run stops once its convergence test passes (at most {num_rounds} rounds), "
+        "so the arms of a comparison may stop at different rounds: the verdicts then read unequal budgets.",
+        "monitor_rule": f"a validation share held out of each client's training images ({validation_monitor:.0%}), "
+        "never the test set" if validation_monitor else "the test curve (no validation share is held out), on which "
+        "the verdicts refuse to decide",
+        "tune_seeds": f"{len(tune_seeds)} seed{'s' * (len(tune_seeds) > 1)} ({listed}), "
+        + ("which the tables also evaluate on" if reused == tune_seeds else
+           f"of which the tables also evaluate on {', '.join(map(str, reused))}" if reused else
+           "none of which the tables evaluate on"),
+        "tune_choice": "the smallest rate within one standard error (over the seeds) of the best is chosen"
+        if len(tune_seeds) > 1 else "with one seed there is no standard error, and the best score is chosen",
+        "second_look_rule": "Where five seeds leave a claim's interval straddling, five more are added (the rule's "
+        "second look)." if looks > 1 else "A claim whose interval straddles stays undecided (LOOKS = 1: no second look).",
+    }
+
+
 def decided(table: "pd.DataFrame") -> str:
     """Every claim the rule decided, in Markdown, paper by paper: its verdict and the claim, linked to its
     chapter (labelled with the chapter's title); the undecided ones are counted by :func:`first_screen`."""

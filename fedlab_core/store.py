@@ -211,6 +211,9 @@ def _read_result(path: Path, config: "RunConfig", key: str) -> History | None:
     return history
 
 
+_XZ_MAGIC = b"\xfd7zXZ\x00"   # how an xz stream begins: an archived state (_write_state's compress)
+
+
 def _read_state(path: Path, key: str, device: torch.device) -> SimulationState | None:
     """The simulation state saved at `path` (a checkpoint or a kept final state), or None when there is
     none. It is read as data only (tensors, numbers, strings, lists and dicts; no code runs): a file
@@ -219,7 +222,7 @@ def _read_state(path: Path, key: str, device: torch.device) -> SimulationState |
         return None
     try:
         data = path.read_bytes()
-        if data.startswith(_XZ_MAGIC):  # an archived state (_write_state's compress)
+        if data.startswith(_XZ_MAGIC):
             data = lzma.decompress(data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about the pickle protocol of foreign files
@@ -238,9 +241,6 @@ def _read_state(path: Path, key: str, device: torch.device) -> SimulationState |
     except (ValueError, TypeError, KeyError) as err:
         _set_aside(path, f"is not a state of this run ({_first_line(err)})")
         return None
-
-
-_XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def _write_state(path: Path, key: str, state: SimulationState, compress: bool = False) -> None:

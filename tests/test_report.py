@@ -254,3 +254,23 @@ def test_the_provenance_table_says_where_each_chapters_runs_were_computed():
                                                  [entry("c", "cuda", "batched"), entry("a", "cpu")]]}]}}
     table = report.provenance_table(results)
     assert table.loc[0, "runs"] == 3 and table.loc[0, "computed on"] == "cpu, loop: 2; cuda, batched: 1"
+
+
+def test_the_protocol_sentences_follow_each_parameter():
+    evidence = report.protocol(90, False, 0.1, [100, 101, 102], [0, 1, 2, 3, 4], 2)
+    assert evidence == {
+        "budget_rule": "Every run trains for all 90 rounds, so both arms of every comparison get one budget.",
+        "monitor_rule": "a validation share held out of each client's training images (10%), never the test set",
+        "tune_seeds": "3 seeds (100, 101, 102), none of which the tables evaluate on",
+        "tune_choice": "the smallest rate within one standard error (over the seeds) of the best is chosen",
+        "second_look_rule": "Where five seeds leave a claim's interval straddling, five more are added (the rule's "
+                            "second look)."}
+    earlier = report.protocol(90, True, 0.0, [0], [0, 1, 2, 3, 4], 1)   # each setting changes its own sentence
+    assert all(earlier[k] != evidence[k] for k in evidence)
+    assert earlier["budget_rule"].startswith("Every run stops once its convergence test passes (at most 90 rounds)")
+    assert earlier["monitor_rule"].startswith("the test curve")
+    assert earlier["tune_seeds"] == "1 seed (0), which the tables also evaluate on"
+    assert earlier["tune_choice"].startswith("with one seed there is no standard error")
+    assert "no second look" in earlier["second_look_rule"]
+    assert report.protocol(90, False, 0.1, [4, 100], range(5), 2)["tune_seeds"] == \
+        "2 seeds (4, 100), of which the tables also evaluate on 4"
