@@ -434,26 +434,40 @@ def first_screen(table: "pd.DataFrame") -> str:
 
 
 def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, tune_seeds: Iterable[int],
-             seeds: Iterable[int], looks: int) -> dict[str, str]:
+             seeds: Iterable[int], looks: int, validation_source: str = "share", converging: bool = False
+             ) -> dict[str, str]:
     """A chapter's sentences on how its runs were tuned, budgeted and judged, from its own parameters (so the
-    page reads right under every profile), for glue: ``budget_rule``, ``monitor_rule``, ``tune_seeds`` (how many,
-    which, and whether the tables evaluate on them), ``tune_choice`` and ``second_look_rule``."""
+    page reads right under every profile), for glue: ``budget_rule``, ``monitor_rule`` (``RunConfig``'s
+    ``validation_monitor`` and ``validation_source``), ``tune_seeds`` (how many, which, and whether the tables
+    evaluate on them), ``tune_choice`` (``converging``: see :func:`~fedlab_core.tuning.tune`) and
+    ``second_look_rule``."""
     tune_seeds, seeds = sorted(tune_seeds), set(seeds)
     reused = [s for s in tune_seeds if s in seeds]
     listed = ", ".join(map(str, tune_seeds))
+    size = "as large as its test set" if validation_monitor == 1 else f"{validation_monitor:g} times its test set"
+    monitor = ("the test curve (no validation share is held out), on which the verdicts refuse to decide"
+               if not validation_monitor else
+               f"a validation set per client, {size} and with its classes, drawn from the training images that no "
+               "client holds (no client gives up training data), never the test set" if validation_source == "unused"
+               else f"a validation share held out of each client's training images ({validation_monitor:.0%}), never "
+               "the test set")
+    choice = ("the smallest rate within one standard error (over the seeds) of the best is chosen"
+              if len(tune_seeds) > 1 else "with one seed there is no standard error, and the best score is chosen")
+    if converging:
+        among = choice if len(tune_seeds) > 1 else "the best score is chosen (one seed gives no standard error)"
+        choice = ("only the rates whose tuning runs have converged by their last round compete (the mean of their "
+                  f"validation curves over the seeds passes the convergence test); among them, {among}; a method "
+                  "with no such rate gets its best-scoring one")
     return {
         "budget_rule": f"Every run trains for all {num_rounds} rounds, so both arms of every comparison get one budget."
         if not stop_at_plateau else f"Every run stops once its convergence test passes (at most {num_rounds} rounds), "
         "so the arms of a comparison may stop at different rounds: the verdicts then read unequal budgets.",
-        "monitor_rule": f"a validation share held out of each client's training images ({validation_monitor:.0%}), "
-        "never the test set" if validation_monitor else "the test curve (no validation share is held out), on which "
-        "the verdicts refuse to decide",
+        "monitor_rule": monitor,
         "tune_seeds": f"{len(tune_seeds)} seed{'s' * (len(tune_seeds) > 1)} ({listed}), "
         + ("which the tables also evaluate on" if reused == tune_seeds else
            f"of which the tables also evaluate on {', '.join(map(str, reused))}" if reused else
            "none of which the tables evaluate on"),
-        "tune_choice": "the smallest rate within one standard error (over the seeds) of the best is chosen"
-        if len(tune_seeds) > 1 else "with one seed there is no standard error, and the best score is chosen",
+        "tune_choice": choice,
         "second_look_rule": "Where five seeds leave a claim's interval straddling, five more are added (the rule's "
         "second look)." if looks > 1 else "A claim whose interval straddles stays undecided (LOOKS = 1: no second look).",
     }

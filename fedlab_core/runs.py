@@ -24,7 +24,7 @@ import torch
 from .algorithms import ALGORITHMS, NonFiniteLossError, Training
 from .algorithms.base import local_samples
 from .augment import AUGMENTS
-from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset
+from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset, monitor_unused, unused_training
 from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .convergence import VALIDATION
@@ -78,7 +78,10 @@ class RunConfig:
     min_size: int = 10                              # fewest training samples per client ("dirichlet", "quantity")
     num_clients: int = 10                           # clients in the federation
     validation: float = 0.0                         # > 0: evaluate on this held-out share of each client's training data
-    validation_monitor: float = 0.0                 # > 0: also score this held-out share at every evaluation (best round)
+    validation_monitor: float = 0.0                 # > 0: also score a validation set at every evaluation (best round)
+    validation_source: str = "share"                # its images: "share" holds validation_monitor of each client's
+                                                    # training data out; "unused" draws validation_monitor times its
+                                                    # test set from the training images no client holds
     # communication
     num_rounds: int = 20                            # communication rounds
     fraction: float = 1.0                           # fraction of clients sampled per round, in (0, 1]
@@ -146,7 +149,8 @@ FIELD_CONSTRAINTS = {
     "dataset": OneOf(*sorted(DATASETS)), "partition": OneOf(*sorted(P.PARTITIONS)), "optimizer": OneOf(*OPTIMIZERS),
     "max_train_samples": Range(0), "max_test_samples": Range(0), "alpha": Range(0, FINITE, True, True),
     "dh": Range(0, 1), "classes_per_client": Range(1), "beta": Range(0, FINITE, True, True), "min_size": Range(0),
-    "num_clients": Range(1), "validation": Range(0, 1, high_open=True), "validation_monitor": Range(0, 1, high_open=True), "num_rounds": Range(1),
+    "num_clients": Range(1), "validation": Range(0, 1, high_open=True), "validation_monitor": Range(0, 1), "num_rounds": Range(1),
+    "validation_source": OneOf("share", "unused"),
     "fraction": Range(0, 1, low_open=True),
     "clients_per_round": Range(0), "local_epochs": Range(1, 1000), "local_steps": Range(0), "batch_size": Range(1),
     "lr": Range(0, FINITE, True, True), "momentum": Range(0, 1, high_open=True), "weight_decay": Range(0, FINITE, high_open=True),
@@ -178,6 +182,16 @@ def validate(c: RunConfig) -> None:
     if c.validation and c.validation_monitor:
         raise ValueError("validation_monitor: must be 0 when validation is set (the run is already scored on held-out "
                          f"training data); got {c.validation_monitor}")
+    if c.validation_source == "share" and c.validation_monitor == 1:
+        raise ValueError("validation_monitor: a share of each client's training data must be below 1; got 1.0")
+    if c.validation_source == "unused":
+        if not c.validation_monitor:
+            raise ValueError("validation_source: 'unused' draws validation_monitor times the test set from unused "
+                             "training images; set validation_monitor > 0 (e.g. 1.0)")
+        if c.partition == "domain" or not c.max_train_samples:
+            raise ValueError("validation_source: 'unused' needs a class split (not 'domain') of a training subset "
+                             f"(max_train_samples > 0); got partition {c.partition!r}, max_train_samples "
+                             f"{c.max_train_samples}")
     if c.plateau_metric == VALIDATION and not c.validation_monitor:
         raise ValueError(f"plateau_metric: {VALIDATION!r} reads the monitored validation shares; set validation_monitor "
                          "> 0 (e.g. 0.1)")
@@ -294,7 +308,10 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
     federation = federate(data, config.partition, config.num_clients, config.seed, **config.partition_options())
     if config.validation:
         federation = hold_out(federation, config.validation, config.seed)
-    if config.validation_monitor:
+    if config.validation_monitor and config.validation_source == "unused":
+        pool_x, pool_y = unused_training(config.dataset, config.max_train_samples, config.seed, **config.dataset_params)
+        federation = monitor_unused(federation, pool_x, pool_y, config.validation_monitor, config.seed)
+    elif config.validation_monitor:
         federation = hold_out(federation, config.validation_monitor, config.seed, keep_test=True)
     federation = federation.to(device)
     model_name = config.model if config.model != "auto" else DATASETS[config.dataset].default_model(data.input_shape)

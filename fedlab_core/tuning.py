@@ -25,6 +25,12 @@ the seeds) of the best mean, the smallest rates, the more stable choice (a rate 
 scores well on one seed and collapses on the next). With one seed there is no standard error and the best
 score wins (ties: the rate closer to the paper's).
 
+**Among converging rates** (``converging=True``, absolute grid): a rate small enough to be stable may also be
+too small to finish learning in the rounds given, and its runs then cannot decide anything. So the rule
+applies only to the candidates whose tuning runs converge at the horizon: the mean of their validation curves
+over the seeds passes the convergence test (:func:`~fedlab_core.convergence.plateaued`). A method none of whose
+candidates converges gets its best-scoring candidate, and :meth:`Tuning.table` says it does not converge.
+
 Every candidate is an ordinary cached run, so each chapter that asks for the same benchmark gets the
 same choice without training again. :func:`tuned_configs` applies the choice with the precedence the
 book prints beside every table: a value the chapter sets on purpose, then the tuned rate, then the
@@ -40,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from .algorithms import ALGORITHMS, Training
+from .convergence import plateaued
 from .runs import RunConfig
 from .sweeps import sweep
 
@@ -69,11 +76,13 @@ class Tuning:
     Attributes
     ----------
     grid : one row per (method, candidate): the rates tried, the factor of the paper's rate, the validation
-        score (the mean over the seeds) and its standard error (``validation_se``, NaN with one seed), the
-        seconds its runs took when they ran, whether it was chosen.
+        score (the mean over the seeds) and its standard error (``validation_se``, NaN with one seed), whether
+        the mean validation curve converges (``converges``; absolute grid only), the seconds its runs took when
+        they ran, whether it was chosen.
     chosen : method label -> the rates it uses (``{"lr": ..., "offset_lr": ...}``).
     rounds, seeds, validation : how the candidates were run.
     absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
+    converging : whether the choice was made among the converging candidates (see the module docstring).
     """
 
     grid: "pd.DataFrame"
@@ -82,6 +91,7 @@ class Tuning:
     seeds: tuple[int, ...]
     validation: float
     absolute: bool = False
+    converging: bool = False
 
     def by_rate(self) -> "pd.DataFrame":
         """Method x learning rate tried (absolute grid) or factor of its paper rate (relative grid): the best
@@ -106,6 +116,15 @@ class Tuning:
 
         return pd.DataFrame(rows)
 
+    def convergence(self) -> str:
+        """A sentence for the page: which methods had no candidate whose tuning runs converge (``converging``)."""
+        if not self.converging:
+            return "The tuning does not test whether its runs converge."
+        none = [m for m, group in self.grid.groupby("method", sort=False) if not group["converges"].any()]
+        return (f"No rate converged in the tuning for {', '.join(none)}, which run{'s' * (len(none) == 1)} at "
+                f"{'its' if len(none) == 1 else 'their'} best-scoring rate." if none
+                else "Every method had a rate whose tuning runs converged.")
+
     def table(self) -> "pd.DataFrame":
         """One row per method: its paper rate(s), the chosen ones, the factor and the validation score."""
         import pandas as pd
@@ -121,6 +140,8 @@ class Tuning:
             if self.absolute:
                 row["lr tried"] = f"{group['lr'].min():g} to {group['lr'].max():g}"
                 row["at an edge"] = ", ".join(edges(group, self.chosen[method])) or "no"
+            if self.converging:
+                row["converges"] = "yes" if best["converges"] else "no rate does"
             rows[method] = row
         return pd.DataFrame.from_dict(rows, orient="index")
 
@@ -174,7 +195,7 @@ def candidates(config: RunConfig, grid=GRID, rates=None) -> list[dict[str, float
 
 def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int, seeds: Sequence[int] = (0,),
          grid=GRID, validation: float = VALIDATION, metric: str = METRIC, rates=None, widen: int = 2,
-         eval_every: int | None = None, **sweep_kwargs) -> Tuning:
+         eval_every: int | None = None, converging: bool = False, **sweep_kwargs) -> Tuning:
     """Tune every method of a benchmark on its validation split.
 
     Parameters
@@ -190,6 +211,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     rates : the absolute grid (e.g. :data:`RATES`); None: the relative `grid`.
     widen : with `rates`, how many times a rate chosen at an edge of the values tried is answered with the next
         value beyond it.
+    converging : choose among the candidates whose mean validation curve converges (needs `rates`: its runs are
+        evaluated :data:`EVALUATIONS` times).
     sweep_kwargs : for :func:`~fedlab_core.sweeps.sweep` (``max_workers``, ``cache_dir``...).
     """
     import pandas as pd
@@ -198,6 +221,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
 
     if base.lr is not None:
         raise ValueError(f"lr: a tuned benchmark leaves the rate to the tuning; got {base.lr!r}")
+    if converging and rates is None:
+        raise ValueError("converging: the convergence test needs a curve; tune on the absolute grid (rates=RATES)")
     seeds = tuple(seeds)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: give one or more distinct tuning seeds; got {list(seeds)}")
@@ -216,9 +241,10 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
                          "validation": float(values.mean()),
                          "validation_se": float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1
                          else math.nan,
+                         "converges": rates is not None and _mean_curve_converges(runs, metric),
                          "seconds": sum(h.meta["seconds"] for h in runs)})
         frame = pd.DataFrame(rows)
-        chosen = _choose(frame)
+        chosen = _choose(frame, converging)
         if rates is None:
             break
         todo = []
@@ -230,23 +256,40 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         if not todo:
             break
     frame["chosen"] = [all(r[k] == chosen[r["method"]][k] for k in chosen[r["method"]]) for _, r in frame.iterrows()]
-    return Tuning(frame, chosen, rounds, seeds, validation, absolute=rates is not None)
+    return Tuning(frame, chosen, rounds, seeds, validation, absolute=rates is not None, converging=converging)
 
 
-def _choose(frame: "pd.DataFrame") -> dict[str, dict[str, float]]:
+def _mean_curve_converges(runs: Sequence[Any], metric: str) -> bool:
+    """Whether the mean over seeds of the runs' `metric` curves passes the convergence test (False when a run
+    diverged or their evaluated rounds differ)."""
+    from .verdicts import curve
+
+    curves = [curve(h, metric) for h in runs]
+    if any(c.keys() != curves[0].keys() for c in curves):
+        return False
+    mean = {r: float(np.mean([c[r] for c in curves])) for r in curves[0]}
+    return not any(map(math.isnan, mean.values())) and plateaued(mean)
+
+
+def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[str, float]]:
     """Per method, the one-standard-error rule: of the candidates whose mean validation score lies within one
     standard error of the best mean, the smallest learning rate, then the smallest second rate. With one seed
     (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
-    the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not."""
+    the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not. With
+    `converging`, the rule reads only the candidates that converge (column ``converges``); a method with none
+    gets its best score."""
     import pandas as pd
 
     chosen = {}
     names = ("lr", *dict.fromkeys(n for n, _ in (*SECOND_RATES.values(), *SECOND_RATE_GRIDS.values())))
     for label, group in frame.groupby("method", sort=False):
+        stable = not converging or group["converges"].any()
+        if converging and stable:
+            group = group[group["converges"]]
         order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))))
         order = order.sort_values(["validation", "distance", "lr"], ascending=[False, True, True], na_position="last")
         best = order.iloc[0]
-        if not pd.isna(best["validation_se"]):
+        if stable and not pd.isna(best["validation_se"]):
             near = order[order["validation"] >= best["validation"] - best["validation_se"]]
             best = near.sort_values([n for n in names if n in near]).iloc[0]
         chosen[label] = {name: float(best[name]) for name in names if name in group and not pd.isna(best[name])}

@@ -799,6 +799,10 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
                 assert params[key] == tuning[key], (stem, key)
         assert params["RATES"] == tuning["RATES"], stem     # every chapter on the one absolute grid
     assert book.profile_parameters(PROFILES, "distrans", "book")["TUNE_SEEDS"] == [100, 101, 102]   # moved
+    # the evidence chooses its rates by one rule everywhere: the tuning chapter's
+    rule = book.profile_parameters(PROFILES, "tuning", "evidence")["TUNE_CONVERGING"]
+    assert rule and all(book.profile_parameters(PROFILES, stem, "evidence").get("TUNE_CONVERGING", rule) == rule
+                        for stem in PROFILES if "evidence" in PROFILES[stem])
 
 
 def test_fraug_chapter_runs_tables_1_and_2_on_another_benchmark(tmp_path, monkeypatch):

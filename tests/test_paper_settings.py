@@ -6,7 +6,7 @@ import torch
 from fedlab_core import RunConfig, run
 from fedlab_core.algorithms import ALGORITHMS, Message, Training
 from fedlab_core.algorithms.fedaws import FedAwS, spreadout_step
-from fedlab_core.data import federate, hold_out, load_dataset
+from fedlab_core.data import federate, hold_out, load_dataset, monitor_unused, unused_training
 from fedlab_core.models import MODELS, build_model, meta_model
 from fedlab_core.runs import build
 from fedlab_core.store import History
@@ -144,6 +144,48 @@ def test_a_monitored_validation_set_is_held_out_scored_every_evaluation_and_leav
         tiny.replace(validation=0.2, validation_monitor=0.2)
 
 
+def test_an_unused_validation_set_comes_from_training_images_no_client_holds_shaped_like_each_test_set():
+    data = load_dataset("digits", max_train=600, max_test=300, seed=4)
+    pool_x, pool_y = unused_training("digits", 600, seed=4)
+    assert len(pool_y) == 1347 - 600
+    held_rows = {tuple(r.tolist()) for r in data.x_train.flatten(1)}
+    assert not any(tuple(r.tolist()) in held_rows for r in pool_x.flatten(1))       # the subset's complement
+    for scheme, options in (("dirichlet", {"alpha": 0.3, "min_size": 10}), ("one_class", {})):
+        fed = federate(data, scheme, 10 if scheme == "one_class" else 4, 4, **options)
+        monitored = monitor_unused(fed, pool_x, pool_y, 1.0, seed=4)
+        assert sum(len(c.y_val) for c in monitored.clients) == sum(len(c.y_test) for c in fed.clients)
+        for before, after in zip(fed.clients, monitored.clients):
+            assert torch.equal(after.x_train, before.x_train) and torch.equal(after.y_test, before.y_test)
+            # its validation set follows its test set class by class; one class per client: as many negatives,
+            # drawn at random from the other classes
+            own = before.y_train[0]
+            if scheme == "one_class":
+                assert (after.y_val == own).sum() == (before.y_test == own).sum() == (after.y_val != own).sum() > 0
+            else:
+                assert torch.equal(torch.bincount(after.y_val, minlength=10), torch.bincount(before.y_test, minlength=10))
+            assert not any(tuple(r.tolist()) in held_rows for r in after.x_val.flatten(1))
+        half = monitor_unused(fed, pool_x, pool_y, 0.5, seed=4)
+        assert sum(len(c.y_val) for c in half.clients) == pytest.approx(0.5 * sum(len(c.y_test) for c in fed.clients), abs=10)
+        again = monitor_unused(fed, pool_x, pool_y, 1.0, seed=4)
+        assert all(torch.equal(a.x_val, b.x_val) for a, b in zip(monitored.clients, again.clients))
+    with pytest.raises(ValueError, match="^validation_monitor: 1 times the test set needs"):
+        monitor_unused(fed, pool_x[:50], pool_y[:50], 1.0, seed=4)
+
+
+def test_a_run_monitoring_unused_images_trains_and_tests_as_the_run_without_it(tiny):
+    plain = run(tiny.replace(max_train_samples=600, eval_every=1), use_cache=False, progress=False)
+    monitored = run(tiny.replace(max_train_samples=600, eval_every=1, validation_monitor=1.0,
+                                 validation_source="unused"), use_cache=False, progress=False)
+    for a, b in zip(plain.rounds, monitored.rounds):            # the same training, scored on one more set
+        assert a["client_accuracy"] == b["client_accuracy"] and len(b["client_validation_accuracy"]) == 4
+    assert monitored.meta["samples"]["train"] == plain.meta["samples"]["train"]
+    for bad, message in ((dict(validation_source="unused"), "^validation_source: 'unused' draws"),
+                         (dict(validation_source="unused", validation_monitor=1.0), "^validation_source: 'unused' needs"),
+                         (dict(validation_monitor=1.0), "^validation_monitor: a share")):
+        with pytest.raises(ValueError, match=message):
+            tiny.replace(**bad)
+
+
 # ------------------------------------------------------------------------------------------ the tuning
 
 def test_candidates_multiply_the_paper_rates_and_pair_a_second_rate():
@@ -223,6 +265,39 @@ def test_the_one_standard_error_rule_picks_the_smallest_rate_within_reach_of_the
     assert t1.chosen["fedavg"]["lr"] == 0.1 and t1.grid["validation_se"].isna().all()
     with pytest.raises(ValueError, match="^seeds: "):
         tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, seeds=(100, 100))
+
+
+def test_among_converging_rates_the_rule_skips_rates_still_learning_at_the_horizon(monkeypatch, tiny):
+    # lr 0.01 and 0.03 still rise by 6 points over the last third of their curves; 0.1 and 0.3 are flat. The
+    # plain rule takes 0.03 (within one standard error of the best, smaller); among converging rates, 0.1.
+    from fedlab_core import tuning as tuning_module
+
+    final = {0.01: 0.70, 0.03: 0.71, 0.1: 0.705, 0.3: 0.50}
+    rising = {0.01: 0.2, 0.03: 0.2, 0.1: 0.0, 0.3: 0.0}
+
+    def fake(configs, **kwargs):
+        out = []
+        for c in configs:
+            end = final[c.lr] + 0.01 * (c.seed - 101) + (0.15 if c.algorithm == "fedprox" else 0.0) * (c.lr < 0.05)
+            slope = rising[c.lr] + (0.2 if c.algorithm == "fedprox" else 0.0)     # FedProx: no rate converges
+            rows = [{"round": r, "mean_client_accuracy": end - slope * (10 - r) / 10} for r in range(1, 11)]
+            out.append(History(c.to_dict(), rows, {"mean_client_accuracy": end}, {"seconds": 1.0}))
+        return out
+    monkeypatch.setattr(tuning_module, "sweep", fake)
+    methods = {"fedavg": {}, "fedprox": {"algorithm": "fedprox"}}
+    kwargs = dict(rounds=10, rates=(0.01, 0.03, 0.1, 0.3), seeds=SEEDS, widen=0)
+    plain = tune(tiny.replace(lr=None), methods, **kwargs)
+    assert plain.chosen["fedavg"]["lr"] == 0.03 and "converges" not in plain.table()
+    t = tune(tiny.replace(lr=None), methods, converging=True, **kwargs)
+    assert list(t.grid[t.grid["method"] == "fedavg"]["converges"]) == [False, False, True, True]
+    assert t.chosen["fedavg"]["lr"] == 0.1 and t.table().loc["fedavg", "converges"] == "yes"
+    # no rate converges: the best score, and the table says so
+    assert not t.grid[t.grid["method"] == "fedprox"]["converges"].any()
+    assert t.chosen["fedprox"]["lr"] == 0.03 and t.table().loc["fedprox", "converges"] == "no rate does"
+    assert t.convergence() == "No rate converged in the tuning for fedprox, which runs at its best-scoring rate."
+    assert plain.convergence() == "The tuning does not test whether its runs converge."
+    with pytest.raises(ValueError, match="^converging: "):
+        tune(tiny.replace(lr=None), methods, rounds=10, converging=True)
 
 
 def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(monkeypatch, tiny):

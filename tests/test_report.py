@@ -274,3 +274,10 @@ def test_the_protocol_sentences_follow_each_parameter():
     assert "no second look" in earlier["second_look_rule"]
     assert report.protocol(90, False, 0.1, [4, 100], range(5), 2)["tune_seeds"] == \
         "2 seeds (4, 100), of which the tables also evaluate on 4"
+    revised = report.protocol(90, False, 1.0, [100, 101, 102], range(5), 2, validation_source="unused", converging=True)
+    assert revised["monitor_rule"].startswith("a validation set per client, as large as its test set and with its "
+                                              "classes, drawn from the training images that no client holds")
+    assert "0.5 times its test set" in report.protocol(90, False, 0.5, [100], range(5), 2, "unused")["monitor_rule"]
+    assert revised["tune_choice"].startswith("only the rates whose tuning runs have converged by their last round")
+    assert revised["tune_choice"].endswith("a method with no such rate gets its best-scoring one") and \
+        evidence["tune_choice"] in revised["tune_choice"]

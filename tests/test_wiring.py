@@ -43,6 +43,8 @@ CASES = {
     "num_clients": ({}, 5, {"data"}),
     "validation": ({}, 0.2, {"data"}),
     "validation_monitor": ({}, 0.2, {"data"}),
+    # a share of the clients' training data, or as many images from those no client holds: the clients keep theirs
+    "validation_source": ({"validation_monitor": 0.5, "max_train_samples": 600}, "unused", {"data"}),
     "num_rounds": ({}, 3, {"schedule"}),
     "fraction": ({}, 0.5, {"schedule"}),
     "clients_per_round": ({}, 2, {"schedule"}),

@@ -18,7 +18,7 @@ from . import partition
 from .base import Dataset, DatasetNotFoundError, data_root, digest
 from ..params import Range, Subset, check
 from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, TEN_DOMAINS, make_domains
-from .federation import ClientData, Federation, federate, hold_out
+from .federation import ClientData, Federation, federate, hold_out, monitor_unused
 from .sources import DIGIT_DOMAINS, DOMAIN_DATASETS, LOADERS, load
 
 
@@ -102,6 +102,11 @@ def _load_cached(name: str, options: tuple) -> Dataset:
     return data
 
 
+def _loaded(name: str, options: dict) -> Dataset:
+    """The dataset as its loader reads it with `options`, kept in memory (:func:`_load_cached`)."""
+    return _load_cached(name, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items())))
+
+
 def _stratified_subset(y: torch.Tensor, size: int, seed: int) -> torch.Tensor:
     """Indices of a class-stratified random subset of `size` samples (sorted)."""
     labels = y.numpy()
@@ -123,8 +128,7 @@ def load_dataset(name: str, max_train: int = 0, max_test: int = 0, seed: int = 0
     """
     if name not in DATASETS:
         raise ValueError(f"dataset: unknown value {name!r}; allowed: {', '.join(sorted(DATASETS))}")
-    data = _load_cached(name, tuple(sorted((k, v if not isinstance(v, list) else tuple(v))
-                                           for k, v in options.items())))
+    data = _loaded(name, options)
     keep = {}
     for split, limit in (("train", max_train), ("test", max_test)):
         y = getattr(data, f"y_{split}")
@@ -141,7 +145,20 @@ def load_dataset(name: str, max_train: int = 0, max_test: int = 0, seed: int = 0
     return Dataset(**{**data.__dict__, **fields})
 
 
+def unused_training(name: str, max_train: int, seed: int, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training images (x, y) that :func:`load_dataset` with the same arguments leaves out of its subset: a
+    pool no client holds, from which a run draws its validation sets (``RunConfig.validation_source``). Empty when
+    `max_train` keeps every image."""
+    data = _loaded(name, options)
+    unused = torch.ones(len(data.y_train), dtype=torch.bool)
+    if max_train and max_train < len(data.y_train):
+        unused[_stratified_subset(data.y_train, max_train, seed)] = False
+    else:
+        unused[:] = False
+    return data.x_train[unused], data.y_train[unused]
+
+
 __all__ = [
     "DATASETS", "LOADER_CONSTRAINTS", "ClientData", "DataFileError", "check_dataset_params", "Dataset", "DatasetInfo", "DatasetNotFoundError", "Federation", "LOADERS",
-    "data_root", "federate", "hold_out", "load", "load_dataset", "load_fashion_mnist_domains", "make_domains", "TEN_DOMAINS", "partition",
+    "data_root", "federate", "hold_out", "load", "load_dataset", "monitor_unused", "unused_training", "load_fashion_mnist_domains", "make_domains", "TEN_DOMAINS", "partition",
 ]

@@ -14,7 +14,7 @@ from .base import Dataset, digest
 @dataclass
 class ClientData:
     """Client `cid`'s training and test tensors (x: (n, C, H, W) float32, y: (n,) int64), and a validation
-    set beside them when one is monitored (:func:`hold_out` with ``keep_test``)."""
+    set beside them when one is monitored (:func:`hold_out` with ``keep_test``, or :func:`monitor_unused`)."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -169,3 +169,40 @@ def hold_out(federation: Federation, fraction: float, seed: int, keep_test: bool
         return replace(federation, clients=clients, class_counts=counts)
     return replace(federation, clients=clients, x_test=torch.cat([c.x_test for c in clients]),
                    y_test=torch.cat([c.y_test for c in clients]), class_counts=counts)
+
+
+def monitor_unused(federation: Federation, pool_x: torch.Tensor, pool_y: torch.Tensor, size: float,
+                   seed: int) -> Federation:
+    """The federation with a monitored validation set per client (``x_val``/``y_val``) drawn from `pool_x`/`pool_y`,
+    training images that no client holds (:func:`~fedlab_core.data.unused_training`): no client gives up
+    training data, and the validation set is as precise as the test set.
+
+    The pool is first cut to `size` times the global test set's count of every class, then dealt to the clients
+    as the test set is (:func:`P.split_test`: each client's share of a class follows its share of that class's
+    training data; under one class per client, :func:`P.one_class_test`, with as many negatives). So at
+    ``size=1`` a client's validation set has its test set's size and classes. Raises ValueError naming
+    ``validation_monitor`` when the pool holds too few images of a class.
+    """
+    if federation.scheme == "domain":
+        raise ValueError("validation_source: 'unused' deals validation images by class; a split by domain needs "
+                         "'share'")
+    pool_labels = pool_y.cpu().numpy()
+    need = np.rint(size * np.bincount(federation.y_test.cpu().numpy(), minlength=federation.num_classes)).astype(int)
+    have = np.bincount(pool_labels, minlength=federation.num_classes)
+    if (need > have).any():
+        c = int(np.argmax(need - have))
+        raise ValueError(f"validation_monitor: {size:g} times the test set needs {need[c]} unused training images of "
+                         f"class {c}; only {have[c]} are left out of the training subset (lower max_train_samples "
+                         "or validation_monitor)")
+    rng = P._rng(seed, "unused validation")
+    pick = np.sort(np.concatenate([rng.choice(np.flatnonzero(pool_labels == c), n, replace=False)
+                                   for c, n in enumerate(need) if n] or [np.zeros(0, dtype=np.int64)]))
+    val_y = pool_labels[pick]
+    y_train = np.concatenate([c.y_train.cpu().numpy() for c in federation.clients])
+    ends = np.cumsum([c.num_train for c in federation.clients])
+    parts = [np.arange(end - c.num_train, end) for c, end in zip(federation.clients, ends)]
+    deal = P.one_class_test if federation.scheme == "one_class" else P.split_test
+    dealt = deal(parts, y_train, val_y, seed)
+    clients = [replace(c, x_val=pool_x[torch.as_tensor(pick[ix])], y_val=pool_y[torch.as_tensor(pick[ix])])
+               for c, ix in zip(federation.clients, dealt)]
+    return replace(federation, clients=clients)
