@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 from . import kernels  # noqa: E402  (first: the kernels are pinned before any library runs one)
 
 kernels.pin()
+kernels.exact_sqrt()
 
 from .runs import RunConfig, run  # noqa: E402
 from .store import History  # noqa: E402

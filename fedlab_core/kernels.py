@@ -12,7 +12,11 @@ operation by operation (``benchmarks/kernel_dispatch.py``):
   MKL's AVX2 branch differs between Intel and AMD CPUs (its reproducible branches are Intel's); its
   ``COMPATIBLE`` branch (SSE2) is the one every x86-64 CPU computes alike;
 - NumPy (``NPY_DISABLE_CPU_FEATURES``): float64 ``exp`` and ``log`` (OT alignment's Sinkhorn iterations);
-- OpenBLAS (``OPENBLAS_CORETYPE``): NumPy's and SciPy's dot products.
+- OpenBLAS (``OPENBLAS_CORETYPE``): NumPy's and SciPy's dot products;
+- the square root: PyTorch's CPU ``sqrt`` calls MKL's vector square root, which is not correctly rounded (a
+  sixth of float32 results differ from the IEEE square root in the last bit) and differs between Intel and AMD
+  CPUs whatever ``MKL_CBWR`` says (Adam's step, ``cdist``, FedFA's feature statistics). No variable reaches it:
+  :func:`exact_sqrt` replaces the kernel with the IEEE square root, which every CPU computes alike.
 
 :func:`pin` sets each library's choice before its first kernel runs. NumPy reads its choice when it is imported,
 and ``import torch`` imports NumPy, so the pins are set at the interpreter's start: ``make env`` installs
@@ -92,6 +96,51 @@ def pin() -> None:
     os.environ.setdefault(*CUBLAS_WORKSPACE)
     if pinnable():
         os.environ.update(PINS)
+
+
+_SQRT_KERNELS = []   # the library holding the replaced square-root kernels (alive as long as the process)
+
+
+def _ieee_sqrt(x):
+    """The IEEE (correctly rounded) square root of a CPU tensor, by NumPy (the CPU's own instruction), in the dtype
+    ``torch.sqrt`` gives (a float dtype for an integer tensor; bfloat16 through float32, exact after rounding)."""
+    import numpy as np
+    import torch
+
+    dtype = x.dtype if (x.is_floating_point() or x.is_complex()) else torch.get_default_dtype()
+    work = torch.float32 if dtype == torch.bfloat16 else dtype
+    a = x.detach().to(work).contiguous().numpy()
+    return torch.from_numpy(np.sqrt(a, out=np.empty_like(a))).to(dtype)
+
+
+def exact_sqrt() -> None:
+    """Replace PyTorch's CPU square root (``sqrt``, ``sqrt_``, ``sqrt.out``, ``_foreach_sqrt``, ``_foreach_sqrt_``)
+    by :func:`_ieee_sqrt` in this process, once: MKL's, which PyTorch calls, rounds differently on Intel and AMD
+    CPUs. Autograd's formula (``grad / (2 * result)``) and other devices' kernels are PyTorch's own."""
+    if _SQRT_KERNELS:
+        return
+    import warnings
+
+    import torch
+
+    def out_variant(x, *, out):
+        result = _ieee_sqrt(x)
+        out.resize_(result.shape)
+        return out.copy_(result)
+
+    def foreach_(xs):
+        for x in xs:
+            x.copy_(_ieee_sqrt(x))
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():   # "overriding a previously registered kernel": that is the point
+        warnings.simplefilter("ignore")
+        lib.impl("sqrt", _ieee_sqrt, "CPU")
+        lib.impl("sqrt_", lambda x: x.copy_(_ieee_sqrt(x)), "CPU")
+        lib.impl("sqrt.out", out_variant, "CPU")
+        lib.impl("_foreach_sqrt", lambda xs: [_ieee_sqrt(x) for x in xs], "CPU")
+        lib.impl("_foreach_sqrt_", foreach_, "CPU")
+    _SQRT_KERNELS.append(lib)
 
 
 def startup_hook() -> Path:
