@@ -453,11 +453,10 @@ def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, 
                "the test set")
     choice = ("the smallest rate within one standard error (over the seeds) of the best is chosen"
               if len(tune_seeds) > 1 else "with one seed there is no standard error, and the best score is chosen")
-    if converging:
-        among = choice if len(tune_seeds) > 1 else "the best score is chosen (one seed gives no standard error)"
-        choice = ("only the rates whose tuning runs have converged by their last round compete (the mean of their "
-                  f"validation curves over the seeds passes the convergence test); among them, {among}; a method "
-                  "with no such rate gets its best-scoring one")
+    if converging and len(tune_seeds) > 1:
+        choice = ("of the rates within one standard error (over the seeds) of the best, those whose tuning runs have "
+                  "converged by their last round (the mean of their validation curves over the seeds passes the "
+                  "convergence test) come first, then the smallest")
     return {
         "budget_rule": f"Every run trains for all {num_rounds} rounds, so both arms of every comparison get one budget."
         if not stop_at_plateau else f"Every run stops once its convergence test passes (at most {num_rounds} rounds), "

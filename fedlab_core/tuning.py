@@ -25,11 +25,13 @@ the seeds) of the best mean, the smallest rates, the more stable choice (a rate 
 scores well on one seed and collapses on the next). With one seed there is no standard error and the best
 score wins (ties: the rate closer to the paper's).
 
-**Among converging rates** (``converging=True``, absolute grid): a rate small enough to be stable may also be
-too small to finish learning in the rounds given, and its runs then cannot decide anything. So the rule
-applies only to the candidates whose tuning runs converge at the horizon: the mean of their validation curves
-over the seeds passes the convergence test (:func:`~fedlab_core.convergence.plateaued`). A method none of whose
-candidates converges gets its best-scoring candidate, and :meth:`Tuning.table` says it does not converge.
+**Converging rates first** (``converging=True``, absolute grid): a rate small enough to be stable may also be
+too small to finish learning in the rounds given, and its runs then cannot decide anything. So among the
+candidates within one standard error of the best, those whose tuning runs converge at the horizon (the mean of
+their validation curves over the seeds passes the convergence test, :func:`~fedlab_core.convergence.plateaued`)
+come first, then the smallest rates. A rate that converges but scores worse than that is never chosen (a rate
+that learns nothing converges too); where no candidate near the best converges, the choice is the plain rule's,
+and :meth:`Tuning.table` and :meth:`Tuning.convergence` say that it does not converge.
 
 Every candidate is an ordinary cached run, so each chapter that asks for the same benchmark gets the
 same choice without training again. :func:`tuned_configs` applies the choice with the precedence the
@@ -117,13 +119,15 @@ class Tuning:
         return pd.DataFrame(rows)
 
     def convergence(self) -> str:
-        """A sentence for the page: which methods had no candidate whose tuning runs converge (``converging``)."""
+        """A sentence for the page: the methods whose chosen rate's tuning runs do not converge (``converging``)."""
         if not self.converging:
             return "The tuning does not test whether its runs converge."
-        none = [m for m, group in self.grid.groupby("method", sort=False) if not group["converges"].any()]
-        return (f"No rate converged in the tuning for {', '.join(none)}, which run{'s' * (len(none) == 1)} at "
-                f"{'its' if len(none) == 1 else 'their'} best-scoring rate." if none
-                else "Every method had a rate whose tuning runs converged.")
+        chosen = self.grid[self.grid["chosen"]]
+        none = list(chosen.loc[~chosen["converges"].astype(bool), "method"])
+        if not none:
+            return "Every method's chosen rate converged in the tuning."
+        return (f"For {', '.join(none)}, no rate within one standard error of the best converged in the tuning's "
+                f"{self.rounds} rounds: {'it runs' if len(none) == 1 else 'they run'} at the plain rule's choice.")
 
     def table(self) -> "pd.DataFrame":
         """One row per method: its paper rate(s), the chosen ones, the factor and the validation score."""
@@ -141,7 +145,7 @@ class Tuning:
                 row["lr tried"] = f"{group['lr'].min():g} to {group['lr'].max():g}"
                 row["at an edge"] = ", ".join(edges(group, self.chosen[method])) or "no"
             if self.converging:
-                row["converges"] = "yes" if best["converges"] else "no rate does"
+                row["converges"] = "yes" if best["converges"] else "no"
             rows[method] = row
         return pd.DataFrame.from_dict(rows, orient="index")
 
@@ -276,22 +280,20 @@ def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[s
     standard error of the best mean, the smallest learning rate, then the smallest second rate. With one seed
     (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
     the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not. With
-    `converging`, the rule reads only the candidates that converge (column ``converges``); a method with none
-    gets its best score."""
+    `converging`, the candidates that converge (column ``converges``) come first among those within one standard
+    error of the best."""
     import pandas as pd
 
     chosen = {}
     names = ("lr", *dict.fromkeys(n for n, _ in (*SECOND_RATES.values(), *SECOND_RATE_GRIDS.values())))
     for label, group in frame.groupby("method", sort=False):
-        stable = not converging or group["converges"].any()
-        if converging and stable:
-            group = group[group["converges"]]
-        order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))))
+        order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))),
+                             stalls=~group["converges"].astype(bool) if converging else False)
         order = order.sort_values(["validation", "distance", "lr"], ascending=[False, True, True], na_position="last")
         best = order.iloc[0]
-        if stable and not pd.isna(best["validation_se"]):
+        if not pd.isna(best["validation_se"]):
             near = order[order["validation"] >= best["validation"] - best["validation_se"]]
-            best = near.sort_values([n for n in names if n in near]).iloc[0]
+            best = near.sort_values(["stalls", *(n for n in names if n in near)]).iloc[0]
         chosen[label] = {name: float(best[name]) for name in names if name in group and not pd.isna(best[name])}
     return chosen
 

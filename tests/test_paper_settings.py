@@ -267,9 +267,10 @@ def test_the_one_standard_error_rule_picks_the_smallest_rate_within_reach_of_the
         tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, seeds=(100, 100))
 
 
-def test_among_converging_rates_the_rule_skips_rates_still_learning_at_the_horizon(monkeypatch, tiny):
+def test_near_the_best_the_rule_prefers_rates_that_converge_at_the_horizon(monkeypatch, tiny):
     # lr 0.01 and 0.03 still rise by 6 points over the last third of their curves; 0.1 and 0.3 are flat. The
-    # plain rule takes 0.03 (within one standard error of the best, smaller); among converging rates, 0.1.
+    # plain rule takes 0.03 (within one standard error of the best, smaller); converging rates first, 0.1. The
+    # flat 0.3 scores far worse and is never taken.
     from fedlab_core import tuning as tuning_module
 
     final = {0.01: 0.70, 0.03: 0.71, 0.1: 0.705, 0.3: 0.50}
@@ -291,10 +292,16 @@ def test_among_converging_rates_the_rule_skips_rates_still_learning_at_the_horiz
     t = tune(tiny.replace(lr=None), methods, converging=True, **kwargs)
     assert list(t.grid[t.grid["method"] == "fedavg"]["converges"]) == [False, False, True, True]
     assert t.chosen["fedavg"]["lr"] == 0.1 and t.table().loc["fedavg", "converges"] == "yes"
-    # no rate converges: the best score, and the table says so
+    # no rate near the best converges: the plain rule's choice, and the table and the page's sentence say so
     assert not t.grid[t.grid["method"] == "fedprox"]["converges"].any()
-    assert t.chosen["fedprox"]["lr"] == 0.03 and t.table().loc["fedprox", "converges"] == "no rate does"
-    assert t.convergence() == "No rate converged in the tuning for fedprox, which runs at its best-scoring rate."
+    assert t.chosen["fedprox"]["lr"] == plain.chosen["fedprox"]["lr"] == 0.03
+    assert t.table().loc["fedprox", "converges"] == "no"
+    assert t.convergence() == ("For fedprox, no rate within one standard error of the best converged in the tuning's "
+                               "10 rounds: it runs at the plain rule's choice.")
+    final[0.3] = 0.71                                                  # a flat rate near the best: taken
+    assert tune(tiny.replace(lr=None), {"fedavg": {}}, converging=True, **kwargs).chosen["fedavg"]["lr"] == 0.1
+    final.update({0.1: 0.60, 0.3: 0.60})                              # flat rates far worse: never taken
+    assert tune(tiny.replace(lr=None), {"fedavg": {}}, converging=True, **kwargs).chosen["fedavg"]["lr"] == 0.03
     assert plain.convergence() == "The tuning does not test whether its runs converge."
     with pytest.raises(ValueError, match="^converging: "):
         tune(tiny.replace(lr=None), methods, rounds=10, converging=True)

@@ -278,6 +278,8 @@ def test_the_protocol_sentences_follow_each_parameter():
     assert revised["monitor_rule"].startswith("a validation set per client, as large as its test set and with its "
                                               "classes, drawn from the training images that no client holds")
     assert "0.5 times its test set" in report.protocol(90, False, 0.5, [100], range(5), 2, "unused")["monitor_rule"]
-    assert revised["tune_choice"].startswith("only the rates whose tuning runs have converged by their last round")
-    assert revised["tune_choice"].endswith("a method with no such rate gets its best-scoring one") and \
-        evidence["tune_choice"] in revised["tune_choice"]
+    assert revised["tune_choice"] == ("of the rates within one standard error (over the seeds) of the best, those "
+                                      "whose tuning runs have converged by their last round (the mean of their "
+                                      "validation curves over the seeds passes the convergence test) come first, then "
+                                      "the smallest")
+    assert report.protocol(90, False, 0.1, [100], range(5), 2, converging=True)["tune_choice"] == earlier["tune_choice"]
