@@ -84,7 +84,7 @@ class Tuning:
     chosen : method label -> the rates it uses (``{"lr": ..., "offset_lr": ...}``).
     rounds, seeds, validation : how the candidates were run.
     absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
-    converging : whether the choice was made among the converging candidates (see the module docstring).
+    converging : whether converging candidates came first among those near the best (see the module docstring).
     """
 
     grid: "pd.DataFrame"
@@ -215,8 +215,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     rates : the absolute grid (e.g. :data:`RATES`); None: the relative `grid`.
     widen : with `rates`, how many times a rate chosen at an edge of the values tried is answered with the next
         value beyond it.
-    converging : choose among the candidates whose mean validation curve converges (needs `rates`: its runs are
-        evaluated :data:`EVALUATIONS` times).
+    converging : among the candidates within one standard error of the best, those whose mean validation curve
+        converges come first (needs `rates`: its runs are evaluated :data:`EVALUATIONS` times).
     sweep_kwargs : for :func:`~fedlab_core.sweeps.sweep` (``max_workers``, ``cache_dir``...).
     """
     import pandas as pd

@@ -150,11 +150,10 @@ def unused_training(name: str, max_train: int, seed: int, **options) -> tuple[to
     pool no client holds, from which a run draws its validation sets (``RunConfig.validation_source``). Empty when
     `max_train` keeps every image."""
     data = _loaded(name, options)
-    unused = torch.ones(len(data.y_train), dtype=torch.bool)
-    if max_train and max_train < len(data.y_train):
+    subset = bool(max_train and max_train < len(data.y_train))
+    unused = torch.full((len(data.y_train),), subset)
+    if subset:
         unused[_stratified_subset(data.y_train, max_train, seed)] = False
-    else:
-        unused[:] = False
     return data.x_train[unused], data.y_train[unused]
 
 
