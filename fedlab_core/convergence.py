@@ -5,7 +5,8 @@ decide on runs that fail it; it sits below both, so that neither imports the oth
 
 **The test** (:func:`plateaued`): a line fitted by least squares to the last third of the evaluated rounds (at
 least three of them, and at least :data:`MIN_EVALUATIONS` evaluated rounds in all) rises or falls by at most
-:data:`PLATEAU_RISE` over that span.
+:data:`PLATEAU_RISE` over that span. A claim's runs (:func:`converged`) are tested on their mean curve over the
+seeds, the quantity a verdict reads.
 
 **The stop** (:func:`stop_round`): a run stops at the evaluated round where the test has passed at `patience`
 evaluations in a row. It reads whatever curve it is given; the book's runs give it the clients' accuracy on a
@@ -60,12 +61,27 @@ def plateaued(curve: Sequence[float | None] | Mapping[int, float | None], rise: 
     return bool(not math.isnan(r) and abs(r) <= rise)
 
 
+def mean_curve(curves: Sequence[Sequence[float | None] | Mapping[int, float | None]]) -> dict[float, float] | None:
+    """``{round: mean over the curves}`` of curves that evaluated the same rounds; None when their evaluated
+    rounds differ (runs that stopped at different rounds, or one that diverged: its NaN rounds are not evaluated)."""
+    points = [evaluated(c) for c in curves]
+    if not points or any(len(r) != len(points[0][0]) or (r != points[0][0]).any() for r, _ in points):
+        return None
+    return dict(zip(points[0][0].tolist(), np.mean([v for _, v in points], axis=0).tolist()))
+
+
 def converged(curves: Sequence[Sequence[float | None]] | Sequence[float | None], rise: float = PLATEAU_RISE) -> bool:
-    """Whether every seed's curve passes :func:`plateaued` (one curve, or one per seed)."""
+    """The convergence test of a claim's runs, one curve per seed (or a single curve): the mean curve over the
+    seeds passes :func:`plateaued`, since a verdict reads the mean over the seeds and a fitted rise averaged over
+    five seeds is resolved to well under the test's point. Where the runs evaluated different rounds (each stopped
+    at its own plateau) there is no mean curve, and every curve must pass."""
     curves = list(curves)
     if curves and not isinstance(curves[0], (Sequence, Mapping, np.ndarray)):
         curves = [curves]
-    return bool(curves) and all(plateaued(c, rise) for c in curves)
+    if not curves:
+        return False
+    mean = mean_curve(curves)
+    return plateaued(mean, rise) if mean is not None else all(plateaued(c, rise) for c in curves)
 
 
 def metric_curve(rows: Sequence[Mapping], metric: str) -> dict[int, float | None]:

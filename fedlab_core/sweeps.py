@@ -62,10 +62,10 @@ def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=
 
     A cell without a number says why: "no global model" (global accuracy of a method that has none) or
     "diverged" (a run that stopped on a non-finite loss). With `mark_unconverged`, a cell whose runs did not
-    all pass the convergence test ends with :data:`UNCONVERGED_MARK`."""
+    pass the convergence test (their mean curve over the seeds) ends with :data:`UNCONVERGED_MARK`."""
     text = summary[metric].combine(summary[f"{metric}_std"], mean_std)
     if mark_unconverged:
-        text = text.where(summary["converged"] >= summary["seeds"], text + " " + UNCONVERGED_MARK)
+        text = text.where(summary["converged"].astype(bool), text + " " + UNCONVERGED_MARK)
     missing = summary[metric].isna()
     why = summary["global_model"].map({True: "diverged", False: "no global model"}) if metric.startswith("global") \
         else summary["global_model"].map(lambda _: "diverged")
@@ -92,12 +92,13 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
 
     Columns: ``global_accuracy`` (mean/std/min/max; NaN for a method without a global model),
     ``mean_client_accuracy`` (mean/std), ``worst_client_accuracy`` (mean of each run's lowest client
-    accuracy), ``dh``, ``global_model`` (whether the method has one), ``seeds``, ``converged`` (how many of
-    the runs' client-accuracy curves (validation, where monitored) pass the convergence test, :func:`~fedlab_core.verdicts.plateaued`).
+    accuracy), ``dh``, ``global_model`` (whether the method has one), ``seeds``, ``converged`` (whether the
+    runs' client-accuracy curves, validation where monitored, pass the convergence test on their mean over the
+    seeds: :func:`~fedlab_core.verdicts.runs_converged`).
     """
     import numpy as np
 
-    from .verdicts import convergence_curve, plateaued
+    from .verdicts import runs_converged
 
     rows = {}
     for label, runs in groups.items():
@@ -110,7 +111,7 @@ def summarize(groups: Mapping[str, list[History]]) -> pd.DataFrame:
                        "mean_client_accuracy": client.mean(), "mean_client_accuracy_std": client.std(),
                        "worst_client_accuracy": float(np.mean(worst)), "dh": runs[0].meta["dh"],
                        "global_model": runs[0].meta["global_model"], "seeds": len(runs),
-                       "converged": sum(plateaued(convergence_curve(h)) for h in runs)}
+                       "converged": runs_converged(runs)}
     import pandas as pd
 
     return pd.DataFrame.from_dict(rows, orient="index")

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from .algorithms import ALGORITHMS, Training
-from .convergence import plateaued
+from .convergence import mean_curve, plateaued
 from .runs import RunConfig
 from .sweeps import sweep
 
@@ -268,11 +268,8 @@ def _mean_curve_converges(runs: Sequence[Any], metric: str) -> bool:
     diverged or their evaluated rounds differ)."""
     from .verdicts import curve
 
-    curves = [curve(h, metric) for h in runs]
-    if any(c.keys() != curves[0].keys() for c in curves):
-        return False
-    mean = {r: float(np.mean([c[r] for c in curves])) for r in curves[0]}
-    return not any(map(math.isnan, mean.values())) and plateaued(mean)
+    mean = mean_curve([curve(h, metric) for h in runs])
+    return mean is not None and plateaued(mean)
 
 
 def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[str, float]]:
