@@ -175,6 +175,33 @@ def test_generator_only_trains_the_head_on_the_generators_embeddings_themselves(
     assert torch.equal(s["u_hat_c"], v_c)                # and no prototype anchor
 
 
+def test_the_synthetic_statistics_measure_the_offsets_the_rtnet_adds_and_what_the_head_makes_of_them():
+    sim = _sim(FRAug(Training(lr=0.1, local_steps=2)), num_rounds=4)
+    state, a = sim.initial_state(), sim.algorithm
+    data = sim.federation.clients[0]
+    x, y = data.x_train[:64], data.y_train[:64]
+    stats = a.synthetic_statistics(state.server, state.clients[0], x, y, seed=3)
+    made = a.samples(state.server, state.clients[0], x, y, seed=3)
+    offset = made["transformed"] - made["real"]
+    assert stats["real norm"] == pytest.approx(float(made["real"].norm(dim=1).mean()))
+    assert stats["offset norm"] == pytest.approx(float(offset.norm(dim=1).mean())) and stats["offset norm"] > 0
+    assert stats["cosine"] == pytest.approx(float(torch.nn.functional.cosine_similarity(made["real"], offset).mean()))
+    with torch.no_grad():
+        assert stats["head on real"] == pytest.approx(float((a.model.head(made["real"]).argmax(1) == y).float().mean()))
+
+    def rescaled(factor):
+        # the client's RTNet with its last batch norm's scale and shift times `factor`: its residuals scale with it
+        a.rt_state.set(state.clients[0]["rtnet"])
+        with torch.no_grad():
+            a.rtnet.net[-1].weight.mul_(factor), a.rtnet.net[-1].bias.mul_(factor)
+        return a.synthetic_statistics(state.server, {**state.clients[0], "rtnet": a.rt_state.get()}, x, y, seed=3)
+
+    doubled, none = rescaled(2.0), rescaled(0.0)
+    assert doubled["offset norm"] == pytest.approx(2 * stats["offset norm"], rel=1e-5)
+    assert doubled["cosine"] == pytest.approx(stats["cosine"], abs=1e-5)
+    assert none["offset norm"] == 0 and none["head on synthetic"] == stats["head on real"]
+
+
 def test_keeping_the_optimiser_carries_momentum_into_the_next_round():
     def two_rounds(keep):
         a, state, _, _ = _ready(FRAug(Training(lr=0.1, momentum=0.5, local_steps=3), keep_optimizer=keep))

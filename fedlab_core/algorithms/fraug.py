@@ -253,6 +253,21 @@ class FRAug(FedBN):
         lam = self.weights(max(1, int(server_state["round"])))[0]
         return {"real": u, "generated": v, "transformed": u + lam * self.rtnet(v, y) if self.use_rtnet else v}
 
+    @torch.no_grad()
+    def synthetic_statistics(self, server_state: dict[str, Any], client_state: dict[str, Any], x: torch.Tensor,
+                             y: torch.Tensor, seed: int = 0) -> dict[str, float]:
+        """How a client's synthetic embeddings ``u_hat`` (:meth:`samples`, of a batch x (B, ...), y (B,)) sit
+        against its real ones ``u``, what its head trains on: the mean norms of ``u`` (``real norm``) and of the
+        offset ``u_hat - u`` (``offset norm``: ``lam m(v_hat, y)``; without RTNet ``v_hat - u``), their mean cosine
+        (``cosine``), and the head's accuracy on ``u`` (``head on real``) and on ``u_hat`` (``head on
+        synthetic``; below chance: the offsets point the head away from the class they are labelled with)."""
+        made = self.samples(server_state, client_state, x, y, seed)
+        u, offset, head = made["real"], made["transformed"] - made["real"], self.model.head
+        accuracy = lambda e: float((head(e).argmax(1) == y).float().mean())
+        return {"real norm": float(u.norm(dim=1).mean()), "offset norm": float(offset.norm(dim=1).mean()),
+                "cosine": float(F.cosine_similarity(u, offset).mean()), "head on real": accuracy(u),
+                "head on synthetic": accuracy(made["transformed"])}
+
     # ------------------------------------------------------------------ building blocks
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
