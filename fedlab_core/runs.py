@@ -15,6 +15,7 @@ import math
 import os
 import time
 import typing
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -24,7 +25,8 @@ import torch
 from .algorithms import ALGORITHMS, NonFiniteLossError, Training
 from .algorithms.base import local_samples
 from .augment import AUGMENTS
-from .data import DATASETS, check_dataset_params, federate, hold_out, load_dataset, monitor_unused, unused_training
+from .data import (DATASETS, check_dataset_params, federate, hold_out, load_dataset, monitor_unused,
+                   unused_domain_images, unused_training)
 from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .convergence import VALIDATION
@@ -82,6 +84,7 @@ class RunConfig:
     validation_source: str = "share"                # its images: "share" holds validation_monitor of each client's
                                                     # training data out; "unused" draws validation_monitor times its
                                                     # test set from the training images no client holds
+                                                    # (the domain split: fashion_mnist_domains' left-out images)
     # communication
     num_rounds: int = 20                            # communication rounds
     fraction: float = 1.0                           # fraction of clients sampled per round, in (0, 1]
@@ -188,10 +191,15 @@ def validate(c: RunConfig) -> None:
         if not c.validation_monitor:
             raise ValueError("validation_source: 'unused' draws validation_monitor times the test set from unused "
                              "training images; set validation_monitor > 0 (e.g. 1.0)")
-        if c.partition == "domain" or not c.max_train_samples:
-            raise ValueError("validation_source: 'unused' needs a class split (not 'domain') of a training subset "
-                             f"(max_train_samples > 0); got partition {c.partition!r}, max_train_samples "
-                             f"{c.max_train_samples}")
+        if c.partition == "domain" and (c.dataset != "fashion_mnist_domains"
+                                        or not c.dataset_params.get("samples_per_domain")):
+            raise ValueError("validation_source: 'unused' under the domain split needs the embedded benchmark "
+                             "'fashion_mnist_domains' with samples_per_domain (the images its domains leave out); got "
+                             f"dataset {c.dataset!r}, samples_per_domain {c.dataset_params.get('samples_per_domain')}")
+        if c.partition != "domain" and not c.max_train_samples:
+            raise ValueError("validation_source: 'unused' needs a class split of a training subset (max_train_samples "
+                             f"> 0) or the domain split of the embedded benchmark; got partition {c.partition!r}, "
+                             f"max_train_samples {c.max_train_samples}")
     if c.plateau_metric == VALIDATION and not c.validation_monitor:
         raise ValueError(f"plateau_metric: {VALIDATION!r} reads the monitored validation shares; set validation_monitor "
                          "> 0 (e.g. 0.1)")
@@ -308,7 +316,14 @@ def build(config: RunConfig, device: torch.device, progress: bool | None = None,
     federation = federate(data, config.partition, config.num_clients, config.seed, **config.partition_options())
     if config.validation:
         federation = hold_out(federation, config.validation, config.seed)
-    if config.validation_monitor and config.validation_source == "unused":
+    if config.validation_monitor and config.validation_source == "unused" and config.partition == "domain":
+        tested = Counter()   # test images per domain, over the clients that share it
+        for c in federation.clients:
+            tested[c.domain] += len(c.y_test)
+        per_domain = math.ceil(config.validation_monitor * max(tested.values())) + federation.num_classes  # rounding
+        pool = unused_domain_images(config.dataset, per_domain, **config.dataset_params)
+        federation = monitor_unused(federation, *pool[:2], config.validation_monitor, config.seed, pool_domains=pool[2])
+    elif config.validation_monitor and config.validation_source == "unused":
         pool_x, pool_y = unused_training(config.dataset, config.max_train_samples, config.seed, **config.dataset_params)
         federation = monitor_unused(federation, pool_x, pool_y, config.validation_monitor, config.seed)
     elif config.validation_monitor:

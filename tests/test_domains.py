@@ -12,6 +12,7 @@ from fedlab_core.data.domains import (
     TEN_DOMAINS,
     channel_stats,
     make_domains,
+    unused_images,
 )
 
 
@@ -183,3 +184,20 @@ def test_ten_domains_are_distinct_styles_of_the_same_images(base):
         assert abs(r) > 0.5, (name, r)
     assert float(styled["faded"].amax() - styled["faded"].amin()) <= 0.3 + 1e-6  # low contrast
     assert len(torch.unique(styled["posterised"][:, 0])) <= 3  # three levels
+
+
+def test_the_unused_images_are_the_base_images_no_domain_holds_styled_like_their_domain(base):
+    ds = make_domains(base, seed=3, samples_per_domain=60)
+    x, y, d = unused_images(base, seed=3, samples_per_domain=60, per_domain=40)
+    assert x.shape == (200, 3, 28, 28) and torch.equal(torch.bincount(d), torch.full((5,), 40))
+    assert torch.bincount(y[d == 0], minlength=10).min() >= 3                  # class-stratified, like a shard
+    grey = lambda t: {tuple(r.tolist()) for r in t[:, 0].flatten(1)}          # the original domain: grey images
+    original = x[d == 0]
+    assert torch.equal(original[:, 0], original[:, 1]) and not torch.equal(x[d == 2][:, 0], x[d == 2][:, 1])
+    assert not grey(original) & grey(ds.x_train[ds.domain_train == 0])       # no domain's image among them
+    assert not grey(original) & {tuple(r.tolist()) for r in base.x_test[:, 0].flatten(1)}
+    assert grey(original) <= {tuple(r.tolist()) for r in base.x_train[:, 0].flatten(1)}
+    # the benchmark itself is untouched, and the pool repeats
+    assert torch.equal(make_domains(base, seed=3, samples_per_domain=60).x_train, ds.x_train)
+    assert torch.equal(unused_images(base, seed=3, samples_per_domain=60, per_domain=40)[0], x)
+    assert len(unused_images(base, seed=3, per_domain=40)[1]) == 0             # no cap: every image is in a domain

@@ -6,7 +6,7 @@ import torch
 from fedlab_core import RunConfig, run
 from fedlab_core.algorithms import ALGORITHMS, Message, Training
 from fedlab_core.algorithms.fedaws import FedAwS, spreadout_step
-from fedlab_core.data import federate, hold_out, load_dataset, monitor_unused, unused_training
+from fedlab_core.data import federate, hold_out, load_dataset, monitor_unused, unused_domain_images, unused_training
 from fedlab_core.models import MODELS, build_model, meta_model
 from fedlab_core.runs import build
 from fedlab_core.store import History
@@ -184,6 +184,33 @@ def test_a_run_monitoring_unused_images_trains_and_tests_as_the_run_without_it(t
                          (dict(validation_monitor=1.0), "^validation_monitor: a share")):
         with pytest.raises(ValueError, match=message):
             tiny.replace(**bad)
+
+
+def test_under_the_domain_split_each_client_validates_on_unused_images_of_its_own_domain_shaped_like_its_test_set():
+    options = {"samples_per_domain": 40, "test_per_domain": 20}
+    data = load_dataset("fashion_mnist_domains", **options)
+    fed = federate(data, "domain", 10, 2)                                   # two clients per domain
+    pool = unused_domain_images("fashion_mnist_domains", 25, **options)
+    monitored = monitor_unused(fed, *pool[:2], 1.0, seed=2, pool_domains=pool[2])
+    held = {tuple(r.tolist()) for r in data.x_train.flatten(1)}
+    seen = set()
+    for before, after in zip(fed.clients, monitored.clients):
+        assert torch.equal(after.x_train, before.x_train)
+        assert torch.equal(torch.bincount(after.y_val, minlength=10), torch.bincount(before.y_test, minlength=10))
+        rows = {tuple(r.tolist()) for r in after.x_val.flatten(1)}
+        assert rows <= {tuple(r.tolist()) for r in pool[0][pool[2] == fed.domains.index(before.domain)].flatten(1)}
+        assert not rows & held and not rows & seen                           # no client's image, no one else's
+        seen |= rows
+    with pytest.raises(ValueError, match="^validation_monitor: 2 times client 0's test set needs"):
+        monitor_unused(fed, *pool[:2], 2.0, seed=2, pool_domains=pool[2])
+    with pytest.raises(ValueError, match="^validation_source: 'unused' under the domain split needs the pool's"):
+        monitor_unused(fed, *pool[:2], 1.0, seed=2)
+    with pytest.raises(ValueError, match="^validation_source: 'unused' under the domain split draws"):
+        unused_domain_images("digits4", 10)
+    domains = RunConfig(dataset="fashion_mnist_domains", partition="domain", num_clients=5, model="lenet5_bnfc")
+    with pytest.raises(ValueError, match="^validation_source: 'unused' under the domain split needs the embedded"):
+        domains.replace(validation_monitor=1.0, validation_source="unused")   # no samples_per_domain: none left out
+    domains.replace(validation_monitor=1.0, validation_source="unused", dataset_params=options)
 
 
 # ------------------------------------------------------------------------------------------ the tuning

@@ -17,7 +17,7 @@ import torch
 from . import partition
 from .base import Dataset, DatasetNotFoundError, data_root, digest
 from ..params import Range, Subset, check
-from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, TEN_DOMAINS, make_domains
+from .domains import DEFAULT_DOMAINS, DOMAIN_TRANSFORMS, TEN_DOMAINS, make_domains, unused_images
 from .federation import ClientData, Federation, federate, hold_out, monitor_unused
 from .sources import DIGIT_DOMAINS, DOMAIN_DATASETS, LOADERS, load
 
@@ -157,7 +157,23 @@ def unused_training(name: str, max_train: int, seed: int, **options) -> tuple[to
     return data.x_train[unused], data.y_train[unused]
 
 
+
+def unused_domain_images(name: str, per_domain: int, root: str | Path | None = None,
+                         domains: Sequence[str] = DEFAULT_DOMAINS, domain_seed: int = 0,
+                         samples_per_domain: int | None = None, test_per_domain: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The feature-skew benchmark's counterpart of :func:`unused_training`: (x, y, domain ids) of at most
+    `per_domain` training images per domain that no domain holds, styled like their domain
+    (:func:`~fedlab_core.data.domains.unused_images`); the other arguments are the benchmark's options. Only the
+    embedded benchmark has such images: ValueError naming ``validation_source`` for another dataset."""
+    if name != "fashion_mnist_domains":
+        raise ValueError("validation_source: 'unused' under the domain split draws from the images that the embedded "
+                         f"benchmark 'fashion_mnist_domains' leaves out of its domains; {name!r} has none (use 'share')")
+    base = _loaded("fashion_mnist", {} if root is None else {"root": root})
+    return unused_images(base, tuple(domains), domain_seed, samples_per_domain, per_domain)
+
+
 __all__ = [
     "DATASETS", "LOADER_CONSTRAINTS", "ClientData", "DataFileError", "check_dataset_params", "Dataset", "DatasetInfo", "DatasetNotFoundError", "Federation", "LOADERS",
-    "data_root", "federate", "hold_out", "load", "load_dataset", "monitor_unused", "unused_training", "load_fashion_mnist_domains", "make_domains", "TEN_DOMAINS", "partition",
+    "data_root", "federate", "hold_out", "load", "load_dataset", "monitor_unused", "unused_domain_images", "unused_training", "load_fashion_mnist_domains", "make_domains", "TEN_DOMAINS", "partition",
 ]

@@ -62,6 +62,7 @@ __all__ = [
     "make_domains",
     "channel_stats",
     "stratified_shards",
+    "unused_images",
 ]
 
 Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -228,6 +229,16 @@ def stratified_shards(y: torch.Tensor, num_shards: int, rng: np.random.Generator
     per-class quota (proportional to the class sizes), so capped shards have identical class histograms.
     Returns one shuffled index array per shard.
     """
+    per, quota = _deal(y, num_shards, rng, max_per_shard)
+    if quota is not None:
+        per = [[per[d][k][: quota[k]] for k in range(len(quota))] for d in range(num_shards)]
+    return [rng.permutation(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in per]
+
+
+def _deal(y: torch.Tensor, num_shards: int, rng: np.random.Generator, max_per_shard: int | None
+          ) -> tuple[list[list[np.ndarray]], np.ndarray | None]:
+    """:func:`stratified_shards`' deal before its cut: ``per[shard][class]``, each class's shuffled indices dealt
+    round-robin from a random shard, and the per-class quota each shard keeps under the cap (None: no cap)."""
     y_np = y.cpu().numpy()
     classes = np.unique(y_np)
     per = [[None] * len(classes) for _ in range(num_shards)]  # per[shard][class] -> indices
@@ -236,11 +247,10 @@ def stratified_shards(y: torch.Tensor, num_shards: int, rng: np.random.Generator
         owner = (np.arange(len(idx)) + rng.integers(num_shards)) % num_shards
         for d in range(num_shards):
             per[d][k] = idx[owner == d]
-    if max_per_shard is not None:
-        avail = np.array([min(len(per[d][k]) for d in range(num_shards)) for k in range(len(classes))])
-        quota = _proportional_quota(avail, int(max_per_shard))
-        per = [[per[d][k][: quota[k]] for k in range(len(classes))] for d in range(num_shards)]
-    return [rng.permutation(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in per]
+    if max_per_shard is None:
+        return per, None
+    avail = np.array([min(len(per[d][k]) for d in range(num_shards)) for k in range(len(classes))])
+    return per, _proportional_quota(avail, int(max_per_shard))
 
 
 def _proportional_quota(avail: np.ndarray, cap: int) -> np.ndarray:
@@ -298,6 +308,32 @@ def make_domains(base: Dataset, domains: Sequence[str] = DEFAULT_DOMAINS, seed: 
     }
     return Dataset(x_tr, y_tr, x_te, y_te, num_classes=base.num_classes, name=f"{base.name}_domains",
                    classes=base.classes, domains=names, domain_train=d_tr, domain_test=d_te, notes=notes)
+
+
+def unused_images(base: Dataset, domains: Sequence[str] = DEFAULT_DOMAINS, seed: int = 0,
+                  samples_per_domain: int | None = None, per_domain: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training images of `base` that :func:`make_domains` with the same arguments leaves out of every domain: at
+    most `per_domain` per domain, class-stratified like a capped shard, taken from the images dealt to that
+    domain's shard and cut by ``samples_per_domain``, and styled by the domain's transform (with a random stream of
+    their own, so the benchmark's images are untouched). A pool no client holds, for validation sets
+    (``RunConfig.validation_source="unused"``). Returns (x (N, 3, H, W), y (N,), domain ids (N,)); empty without a
+    cap (every image is in a shard)."""
+    names = list(domains)
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, 2**62, size=len(names))     # as make_domains draws them, before the training shards
+    per, quota = _deal(base.y_train, len(names), rng, samples_per_domain)
+    xs, ys, ds = [], [], []
+    for d, name in enumerate(names):
+        rest = [] if quota is None else [per[d][k][quota[k]:] for k in range(len(quota))]
+        take = _proportional_quota(np.array([len(r) for r in rest], dtype=int), int(per_domain))
+        idx = torch.from_numpy(np.concatenate([r[:t] for r, t in zip(rest, take)] or [np.zeros(0, dtype=np.int64)]))
+        gen = torch.Generator().manual_seed(int(np.random.default_rng([int(seeds[d]), 1]).integers(2**62)))
+        xs.append(DOMAIN_TRANSFORMS[name](base.x_train[idx], gen).to(torch.float32) if len(idx)
+                  else base.x_train.new_zeros((0, 3, *base.x_train.shape[2:])))
+        ys.append(base.y_train[idx])
+        ds.append(torch.full((len(idx),), d, dtype=torch.int64))
+    return torch.cat(xs).contiguous(), torch.cat(ys), torch.cat(ds)
 
 
 # --------------------------------------------------------------------------------------------------

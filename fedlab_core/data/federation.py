@@ -172,7 +172,7 @@ def hold_out(federation: Federation, fraction: float, seed: int, keep_test: bool
 
 
 def monitor_unused(federation: Federation, pool_x: torch.Tensor, pool_y: torch.Tensor, size: float,
-                   seed: int) -> Federation:
+                   seed: int, pool_domains: torch.Tensor | None = None) -> Federation:
     """The federation with a monitored validation set per client (``x_val``/``y_val``) drawn from `pool_x`/`pool_y`,
     training images that no client holds (:func:`~fedlab_core.data.unused_training`): no client gives up
     training data, and the validation set is as precise as the test set.
@@ -180,13 +180,14 @@ def monitor_unused(federation: Federation, pool_x: torch.Tensor, pool_y: torch.T
     The pool is first cut to `size` times the global test set's count of every class, then dealt to the clients
     as the test set is (:func:`P.split_test`: each client's share of a class follows its share of that class's
     training data; under one class per client, :func:`P.one_class_test`, with as many negatives). So at
-    ``size=1`` a client's validation set has its test set's size and classes. Raises ValueError naming
-    ``validation_monitor`` when the pool holds too few images of a class.
+    ``size=1`` a client's validation set has its test set's size and classes. Under the domain split the pool
+    carries each image's domain (`pool_domains`, :func:`~fedlab_core.data.unused_domain_images`), and each client
+    draws `size` times its test set's count of every class from its own domain's images. Raises ValueError naming
+    ``validation_monitor`` when the pool holds too few images of a class (and domain).
     """
-    if federation.scheme == "domain":
-        raise ValueError("validation_source: 'unused' deals validation images by class; a split by domain needs "
-                         "'share'")
     pool_labels = pool_y.cpu().numpy()
+    if federation.scheme == "domain":
+        return _monitor_domains(federation, pool_x, pool_y, pool_labels, pool_domains, size, seed)
     need = np.rint(size * np.bincount(federation.y_test.cpu().numpy(), minlength=federation.num_classes)).astype(int)
     have = np.bincount(pool_labels, minlength=federation.num_classes)
     if (need > have).any():
@@ -205,4 +206,31 @@ def monitor_unused(federation: Federation, pool_x: torch.Tensor, pool_y: torch.T
     dealt = deal(parts, y_train, val_y, seed)
     clients = [replace(c, x_val=pool_x[torch.as_tensor(pick[ix])], y_val=pool_y[torch.as_tensor(pick[ix])])
                for c, ix in zip(federation.clients, dealt)]
+    return replace(federation, clients=clients)
+
+
+def _monitor_domains(federation: Federation, pool_x: torch.Tensor, pool_y: torch.Tensor, pool_labels: np.ndarray,
+                     pool_domains: torch.Tensor | None, size: float, seed: int) -> Federation:
+    """:func:`monitor_unused` under the domain split: each client, in turn, draws `size` times its test set's count
+    of every class from its domain's images in the pool that no earlier client drew."""
+    if pool_domains is None:
+        raise ValueError("validation_source: 'unused' under the domain split needs the pool's domains "
+                         "(unused_domain_images)")
+    groups, free = pool_domains.cpu().numpy(), np.ones(len(pool_labels), dtype=bool)
+    rng = P._rng(seed, "unused validation")
+    clients = []
+    for c in federation.clients:
+        domain = federation.domains.index(c.domain)
+        need = np.rint(size * np.bincount(c.y_test.cpu().numpy(), minlength=federation.num_classes)).astype(int)
+        picks = []
+        for k, n in enumerate(need):
+            left = np.flatnonzero((groups == domain) & (pool_labels == k) & free)
+            if n > len(left):
+                raise ValueError(f"validation_monitor: {size:g} times client {c.cid}'s test set needs {n} unused "
+                                 f"training images of class {k} in domain {c.domain!r}; only {len(left)} are left "
+                                 "(lower validation_monitor or samples_per_domain)")
+            picks.append(rng.choice(left, n, replace=False))
+        ix = torch.as_tensor(np.sort(np.concatenate(picks)))
+        free[ix.numpy()] = False
+        clients.append(replace(c, x_val=pool_x[ix], y_val=pool_y[ix]))
     return replace(federation, clients=clients)
