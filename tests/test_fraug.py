@@ -271,12 +271,15 @@ def test_the_server_averages_the_generator_by_sample_count():
     assert a.server_message(server, 0).metrics["round"] == 2
 
 
-def test_the_code_variant_shares_batch_norm_weights_and_keeps_running_statistics():
-    sim = _sim(FRAug(variant="code"))
-    sim.initial_state()
-    a = sim.algorithm
-    assert a.local.names and all("running" in n for n in a.local.names)
-    assert any(n.endswith(".weight") for n in a.shared.names if n in batch_norm_entries(a.model))
+def test_the_code_variant_keeps_all_of_batch_norm_local_as_the_codes_server_does():
+    # the code's "no_bn_running_stats" mode skips every "bn" key: 'no_bn' is a substring of its name
+    locals_ = {}
+    for variant in ("paper", "code"):
+        sim = _sim(FRAug(variant=variant))
+        sim.initial_state()
+        locals_[variant] = set(sim.algorithm.local.names)
+        assert not set(sim.algorithm.shared.names) & set(batch_norm_entries(sim.algorithm.model))
+    assert locals_["code"] == locals_["paper"] and any(n.endswith(".weight") for n in locals_["code"])
 
 
 def test_a_client_uses_the_generator_the_server_sent():

@@ -46,9 +46,11 @@ Where the paper and the authors' code differ (``variant``; the paper's reading i
 - the model's loss ``L_real + L_syn`` (Eq. 1) or ``(1 - Lr) L_real + Lr L_syn / 2`` with
   ``Lr = min(0.5, the schedule's ramp)``, which stays at 0.5 for a whole Digits run (gamma 0.002): 0.5 :
   0.25 : 0.25;
-- G's loss on ``u_hat`` (Eq. 5) or on its own output ``v_hat`` (the code, MMD against the real embeddings);
-- batch norm: all of it local (FedBN, which the paper cites) or only its running statistics (the code's
-  ``no_bn_running_stats``: weights and biases shared).
+- G's loss on ``u_hat`` (Eq. 5) or on its own output ``v_hat`` (the code, MMD against the real embeddings).
+
+Batch norm stays local, all of it, in both: the code's ``no_bn_running_stats`` mode reads like "share batch norm's
+weights, keep its running statistics", but its server (``servers/server_base.py``) skips every key containing
+"bn" once ``'no_bn' in mode``, which that mode's name satisfies: FedBN's rule, which the paper cites.
 
 Options for the code's other choices: ``keep_optimizer=True`` keeps the model's and the auxiliary networks'
 SGD momentum on the client from one round to the next, as the code's optimisers live across rounds; the
@@ -84,7 +86,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..params import OneOf, Range
-from .base import Algorithm, FlatState, Message, Training, weighted_mean
+from .base import FlatState, Message, Training, weighted_mean
 from .fedbn import FedBN
 
 VARIANTS = ("paper", "code")
@@ -185,9 +187,6 @@ class FRAug(FedBN):
 
     def init(self, model: nn.Module, federation) -> dict[str, Any]:
         server = super().init(model, federation)
-        if self.variant == "code":  # the code shares batch norm's weights; only its running statistics stay
-            self.local_patterns = tuple(n for n in self.local_patterns if "running" in n)
-            server = Algorithm.init(self, model, federation)
         c, d = federation.num_classes, model.feature_dim
         self.width = self.latent or max(1, d // 2)
         self.generator = Generator(self.width, c, d).to(self.device)
