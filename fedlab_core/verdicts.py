@@ -40,7 +40,8 @@ scores (the same seeds: the same splits and initialisations), by the 95% Student
 
 "A beats every other" (:func:`beats_every`) is held only if A beats each rival (an intersection-union
 test) and reversed only from intervals widened over the rivals (Bonferroni), never against a rival picked
-by its mean on the same runs.
+by its mean on the same runs. A rival whose runs cannot decide (not converged, degenerate, other code) leaves
+*held* undecided, but not a reversal that the other rivals show when A's own runs can decide.
 
 Under no difference the interval misses zero on each side with probability 2.5%, so a false *held* and a
 false *not held (reversed)* each happen at most 2.5% of the time; :func:`error_rates` measures it by
@@ -489,6 +490,11 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
     *not held (no difference)* likewise when a is within the margin of some rival. The evidence printed is
     that against the rival closest to a (the best other by mean), whose runs the curves show.
 
+    A rival whose runs cannot decide anything (not converged, degenerate, other code, unequal budgets) leaves
+    *held* undecided, but not a refutation by the others: when a's own runs can decide, a reversal (or
+    equivalence) shown against the rivals that can, still widened over all k, decides the claim, with the
+    evidence against the closest of them.
+
     `values` : optional ``{name: {seed: value}}`` for a and each rival (``"a"`` for a) when the scores are
     not :func:`score` of the runs (best rounds of a table, silhouettes); the runs still decide convergence
     and degeneracy. `quantity` : what the values measure (:data:`QUANTITIES`). `looks` : as in :func:`order`
@@ -501,12 +507,27 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
                         **{name: seed_values(runs, metric, protocol) for name, runs in rivals.items()}}
     sign = 1.0 if higher else -1.0
     diffs = {name: _paired(scored["a"], scored[name]) for name in rivals}
-    closest = min(diffs, key=lambda name: sign * float(np.mean(diffs[name])) if not any(map(math.isnan, diffs[name]))
-                  else -math.inf)
-    base = order(scored["a"], scored[closest], claim, higher,
-                 runs_converged(a, metric) and all(runs_converged(r, metric) for r in rivals.values()), paper,
-                 runs=(a, rivals[closest]), margin=margin, score=protocol if values is None else "",
-                 quantity=quantity, metric=metric, looks=looks)
+
+    def nearest(names):   # the rival closest to a by mean (one whose runs diverged: last)
+        return min(names, key=lambda name: sign * float(np.mean(diffs[name]))
+                   if not any(map(math.isnan, diffs[name])) else -math.inf)
+
+    def versus(name, converged):   # order() against one rival: the interval the verdict prints
+        return order(scored["a"], scored[name], claim, higher, converged, paper, runs=(a, rivals[name]),
+                     margin=margin, score=protocol if values is None else "", quantity=quantity, metric=metric,
+                     looks=looks)
+
+    closest = nearest(diffs)
+    base = versus(closest, runs_converged(a, metric) and all(runs_converged(r, metric) for r in rivals.values()))
+    usable = [name for name, runs in rivals.items()
+              if runs_converged(runs, metric) and not _runs_reason((a, runs), metric)]
+    if 0 < len(usable) < k and runs_converged(a, metric) and not _runs_reason((a,), metric):
+        against = versus(nearest(usable), True)
+        if not (against.verdict == INCONCLUSIVE and against.reason):   # e.g. fewer than five seeds: nothing to read
+            outcome, p = _every(np.array([diffs[name] for name in usable]), sign, against.margin, looks, rivals=k)
+            if outcome in (1, 2):                 # refuted by the rivals that can decide, whatever the others
+                reason = REVERSED if outcome == 1 else NO_DIFFERENCE
+                return dataclasses.replace(against, verdict=NOT_HELD, reason=reason, p=float(p))
     if base.verdict == INCONCLUSIVE and base.reason:
         for name, runs in rivals.items():         # a degenerate rival or other code leaves the claim undecided too
             why = _runs_reason((a, runs), metric)
@@ -522,14 +543,15 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
     return dataclasses.replace(base, verdict=verdict, reason=reason, p=float(p))
 
 
-def _every(d: np.ndarray, sign: float, margin: float | None, looks: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def _every(d: np.ndarray, sign: float, margin: float | None, looks: int = 1, rivals: int | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """The decision of "beats every rival" from paired differences d (..., k rivals, n seeds): 0 held (each
     rival beaten at the full level: the largest p), 1 reversed or 2 no difference (some rival, Bonferroni over
-    the k), 3 undecided; and the p of the decision (of the nearest one when undecided), every p multiplied by
-    `looks`."""
+    the k, or over `rivals` when d holds only some of them), 3 undecided; and the p of the decision (of the
+    nearest one when undecided), every p multiplied by `looks`."""
     from scipy import stats
 
-    k, n = d.shape[-2], d.shape[-1]
+    k, n = rivals or d.shape[-2], d.shape[-1]
     m = sign * d.mean(-1)
     se = d.std(-1, ddof=1) / math.sqrt(n)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -949,7 +971,8 @@ def rule(sd: float = NOISE_SD) -> str:
         f"seeds, with a run that has not converged or is degenerate, or with arms computed by different code "
         f"(the reason is printed). \"A beats every other\" is *held* only if A beats each rival so, "
         f"and *reversed* only if some rival beats A with intervals widened over the rivals (Bonferroni), so "
-        f"the rival that looks best on these runs cannot decide it alone. A claimed number c is *reached* only "
+        f"the rival that looks best on these runs cannot decide it alone; a rival whose runs cannot decide "
+        f"(not converged, degenerate) leaves *held* undecided, but not a reversal shown by the others. A claimed number c is *reached* only "
         f"if our interval's worse bound clears c less the quantity's tolerance (one accuracy point), *not "
         f"reached* only if the whole interval misses c, and *inconclusive (consistent, undecided)* otherwise; "
         f"a number that means something else on our data (another dataset, a file size against a parameter "

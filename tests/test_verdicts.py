@@ -679,6 +679,25 @@ def test_beats_every_judges_each_rival_and_shows_the_closest():
     assert verdicts.beats_every(a, {"far": far}, "Table 1: A beats every other").verdict == "held"
 
 
+def test_a_rival_that_can_decide_nothing_leaves_held_undecided_but_not_a_refutation_by_the_others():
+    a = [_clients_run(s, [[0.70 + 0.004 * s, 0.71, 0.72]] * 12) for s in range(5)]
+    better = [_clients_run(s, [[0.78 + 0.003 * s, 0.79, 0.80]] * 12) for s in range(5)]       # beats a by 8 points
+    worse = [_clients_run(s, [[0.60 + 0.002 * s, 0.61, 0.62]] * 12) for s in range(5)]
+    rising = [_clients_run(s, [[0.40 + 0.03 * r] * 3 for r in range(12)]) for s in range(5)]  # never converges
+    stuck = [_clients_run(s, [[0.5] * 3] * 12) for s in range(5)]                             # a constant answer
+    for broken in (rising, stuck):
+        v = verdicts.beats_every(a, {"better": better, "broken": broken}, "Table 1: A beats every other")
+        assert v.label == "not held (reversed)" and v.runs[1][0] is better[0]   # shown against the rival that can decide
+        # widened over both rivals, as if the broken one had been judged too
+        assert v.p == pytest.approx(verdicts.beats_every(a, {"better": better, "also": better}).p)
+        # without a refutation the broken rival still leaves the claim undecided, and never held
+        v = verdicts.beats_every(a, {"worse": worse, "broken": broken}, "Table 1: A beats every other")
+        assert v.verdict == "inconclusive" and v.label != "held"
+    # a's own runs must be able to decide: a still rising refutes nothing
+    best = [_clients_run(s, [[0.90 + 0.002 * s, 0.91, 0.92]] * 12) for s in range(5)]
+    assert verdicts.beats_every(rising, {"best": best, "broken": stuck}).label.startswith("inconclusive")
+
+
 def test_the_second_look_adds_seeds_five_to_nine_only_to_a_claim_whose_interval_straddles(monkeypatch):
     import functools
 
