@@ -65,7 +65,7 @@ def mean_std_table(summary: pd.DataFrame, metric: str = "global_accuracy", rows=
     pass the convergence test (their mean curve over the seeds) ends with :data:`UNCONVERGED_MARK`."""
     text = summary[metric].combine(summary[f"{metric}_std"], mean_std)
     if mark_unconverged:
-        text = text.where(summary["converged"].astype(bool), text + " " + UNCONVERGED_MARK)
+        text = text.where(summary["converged"], text + " " + UNCONVERGED_MARK)
     missing = summary[metric].isna()
     why = summary["global_model"].map({True: "diverged", False: "no global model"}) if metric.startswith("global") \
         else summary["global_model"].map(lambda _: "diverged")

@@ -517,11 +517,12 @@ def beats_every(a: Sequence["History"], rivals: Mapping[str, Sequence["History"]
                      margin=margin, score=protocol if values is None else "", quantity=quantity, metric=metric,
                      looks=looks)
 
+    done = {name: runs_converged(runs, metric) for name, runs in rivals.items()}
+    a_done = runs_converged(a, metric)
     closest = nearest(diffs)
-    base = versus(closest, runs_converged(a, metric) and all(runs_converged(r, metric) for r in rivals.values()))
-    usable = [name for name, runs in rivals.items()
-              if runs_converged(runs, metric) and not _runs_reason((a, runs), metric)]
-    if 0 < len(usable) < k and runs_converged(a, metric) and not _runs_reason((a,), metric):
+    base = versus(closest, a_done and all(done.values()))
+    usable = [name for name, runs in rivals.items() if done[name] and not _runs_reason((a, runs), metric)]
+    if 0 < len(usable) < k and a_done and not _runs_reason((a,), metric):
         against = versus(nearest(usable), True)
         if not (against.verdict == INCONCLUSIVE and against.reason):   # e.g. fewer than five seeds: nothing to read
             outcome, p = _every(np.array([diffs[name] for name in usable]), sign, against.margin, looks, rivals=k)
@@ -972,9 +973,9 @@ def rule(sd: float = NOISE_SD) -> str:
         f"(the reason is printed). \"A beats every other\" is *held* only if A beats each rival so, "
         f"and *reversed* only if some rival beats A with intervals widened over the rivals (Bonferroni), so "
         f"the rival that looks best on these runs cannot decide it alone; a rival whose runs cannot decide "
-        f"(not converged, degenerate) leaves *held* undecided, but not a reversal shown by the others. A claimed number c is *reached* only "
-        f"if our interval's worse bound clears c less the quantity's tolerance (one accuracy point), *not "
-        f"reached* only if the whole interval misses c, and *inconclusive (consistent, undecided)* otherwise; "
+        f"(not converged, degenerate) leaves *held* undecided, but not a reversal shown by the others. A claimed "
+        f"number c is *reached* only if our interval's worse bound clears c less the quantity's tolerance (one "
+        f"accuracy point), *not reached* only if the whole interval misses c, and *inconclusive (consistent, undecided)* otherwise; "
         f"a number that means something else on our data (another dataset, a file size against a parameter "
         f"count) is *not comparable*. **Families.** The claims of one table or figure of a paper form a family, "
         f"and the book's own claims on a page another; the p-values of a family's decisions are adjusted by "

@@ -213,6 +213,20 @@ def test_under_the_domain_split_each_client_validates_on_unused_images_of_its_ow
     domains.replace(validation_monitor=1.0, validation_source="unused", dataset_params=options)
 
 
+def test_a_domain_run_monitoring_unused_images_trains_and_tests_as_the_run_without_it():
+    base = RunConfig(dataset="fashion_mnist_domains", partition="domain", num_clients=5, model="lenet5_bn",
+                     dataset_params={"samples_per_domain": 40, "test_per_domain": 20}, num_rounds=2, eval_every=1,
+                     local_steps=2, batch_size=16, max_train_samples=0, max_test_samples=0)
+    plain = run(base, use_cache=False, progress=False, workers=1)
+    monitored = run(base.replace(validation_monitor=1.0, validation_source="unused"), use_cache=False, progress=False,
+                    workers=1)
+    for a, b in zip(plain.rounds, monitored.rounds):            # the same training, scored on one more set
+        assert a["client_accuracy"] == b["client_accuracy"] and len(b["client_validation_accuracy"]) == 5
+    assert "client_validation_accuracy" not in plain.rounds[0]
+    sim = build(base.replace(validation_monitor=1.0, validation_source="unused"), torch.device("cpu"))
+    assert [len(c.y_val) for c in sim.federation.clients] == [len(c.y_test) for c in sim.federation.clients]
+
+
 # ------------------------------------------------------------------------------------------ the tuning
 
 def test_candidates_multiply_the_paper_rates_and_pair_a_second_rate():
