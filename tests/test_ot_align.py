@@ -253,6 +253,28 @@ def test_align_maps_new_images_as_a_client_would():
         OTAlign().align(fed.x_test)
 
 
+@pytest.mark.parametrize("variant,cdf", [("sound", "image"), ("sound", "client"), ("channel", "image")])
+def test_a_monitored_validation_set_is_mapped_as_the_clients_test_set(variant, cdf):
+    # the convergence test reads x_val: a run on aligned images must be validated on aligned images, and holding
+    # a validation set must not change how any other image is mapped
+    from dataclasses import replace
+
+    fed, styled = _styled_federation(1)
+    held = replace(fed, clients=[replace(c, x_val=styled[c.cid][:10], y_val=torch.arange(10) % 2) for c in fed.clients])
+    params = dict(variant=variant, pixels=20) if variant == "channel" else dict(variant=variant, cdf=cdf, solver="exact")
+    plain, _, _ = OTAlign(**params).setup(fed, 0)
+    aug = OTAlign(**params)
+    aligned, _, _ = aug.setup(held, 0)
+    for before, without, c in zip(held.clients, plain.clients, aligned.clients):
+        assert torch.equal(c.x_train, without.x_train) and torch.equal(c.x_test, without.x_test)
+        assert not torch.equal(c.x_val, before.x_val)   # mapped, not left raw
+        if variant == "sound":                          # deterministic maps: exactly the client's own
+            assert torch.equal(c.x_val, aug.align(before.x_val, cid=c.cid))
+    with pytest.raises(ValueError, match="validation images"):
+        bad = replace(held, clients=[replace(held.clients[0], x_val=held.clients[0].x_val * 2), *held.clients[1:]])
+        OTAlign(**params).setup(bad, 0)
+
+
 def test_client_cdf_uses_one_map_per_client_for_train_and_test():
     fed, _ = _styled_federation(1)
     aug = OTAlign(cdf="client")

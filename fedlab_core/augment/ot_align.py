@@ -527,6 +527,9 @@ class OTAlign(Augment):
             t0 = time.perf_counter()
             clients.append(self._align_client(c, _generator(seed, c.cid, 1)))
             map_seconds.append(time.perf_counter() - t0)
+            if c.x_val is not None:   # a monitored validation set is mapped as the client's test set is
+                check_range(c.x_val, f"client {c.cid}'s validation images")
+                clients[-1] = replace(clients[-1], x_val=self._align_val(c, _generator(seed, c.cid, 2)))
         self.timings = {"client_barycenter": bary_seconds, "server_barycenter": server_seconds,
                         "projection": map_seconds, "senders": senders}
         return replace(federation, clients=clients), up, down
@@ -579,6 +582,13 @@ class OTAlign(Augment):
             return replace(c, x_train=self._apply_client_map(c.x_train, self.client_maps[c.cid]),
                            x_test=self._apply_client_map(c.x_test, self.client_maps[c.cid]))
         return replace(c, x_train=self._align(c.x_train, generator), x_test=self._align(c.x_test, generator))
+
+    def _align_val(self, c: ClientData, generator: torch.Generator) -> torch.Tensor:
+        """Client c's monitored validation images mapped as its test images are (its own map, or each image's),
+        on a stream of their own, so a run without them maps every other image as before."""
+        if self.variant == "sound" and self.cdf == "client":
+            return self._apply_client_map(c.x_val, self.client_maps[c.cid])
+        return self._align(c.x_val, generator)
 
     # ---------------------------------------------------------------- mapping images onto the target
 
