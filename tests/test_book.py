@@ -25,9 +25,35 @@ ARTIFACTS = ROOT / "artifacts"
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_parameters_cell_holds_the_book_profile(notebook):
     assert book.parameters_cell(notebook) == PROFILES[notebook.stem]["book"]
-    for profile in ("smoke", "paper"):
+    for profile in ("smoke", "paper", "evidence"):
         extra = set(PROFILES[notebook.stem].get(profile) or {}) - set(PROFILES[notebook.stem]["book"])
         assert not extra, f"{profile} sets parameters the notebook does not have: {extra}"
+
+
+EVIDENCE = sorted(stem for stem, profiles in PROFILES.items() if "evidence" in profiles)
+
+
+@pytest.mark.parametrize("stem", EVIDENCE)
+def test_the_evidence_profiles_hold_the_design(stem):
+    # the design the archive is recomputed under, chapter by chapter: one budget for both arms, convergence read on
+    # validation data, tuning on seeds never evaluated (the second look's too) at the evaluation horizon, converging
+    # rates first, and the second look
+    p = book.profile_parameters(PROFILES, stem, "evidence")
+    assert p.get("STOP_AT_PLATEAU", False) is False
+    if "VALIDATION_MONITOR" in p:   # the tuning chapter runs only tuning runs, scored on their held-out share
+        assert p["VALIDATION_MONITOR"] > 0 and p["VALIDATION_SOURCE"] == "unused"
+    assert p.get("LOOKS", 2) == 2
+    if "TUNE_SEEDS" in p:
+        evaluated = set(p.get("SEEDS", [])) | set(range(10))   # five seeds, then the second look's five more
+        assert len(p["TUNE_SEEDS"]) >= 3 and not set(p["TUNE_SEEDS"]) & evaluated
+        assert p["TUNE_CONVERGING"] is True
+        assert p["TUNE_ROUNDS"] == p.get("NUM_ROUNDS", p["TUNE_ROUNDS"])
+        assert p.get("TEN_TUNE_ROUNDS") == p.get("TEN_NUM_ROUNDS")
+
+
+def test_every_chapter_that_judges_runs_has_an_evidence_profile():
+    assert set(EVIDENCE) >= {"tuning", "baselines", "distrans", "distrans_ablations", "fedrdn", "fedrdn_analysis",
+                             "ot_fedavg", "fraug", "head_to_head"}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
