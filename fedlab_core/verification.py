@@ -91,6 +91,16 @@ def group_of(history: History) -> tuple[str, ...]:
     return (c["algorithm"], c["augment"], c["dataset"], c["model"], c["partition"])
 
 
+def validation_group_of(history: History) -> tuple[str, ...] | None:
+    """The monitored validation set a run draws (:class:`~fedlab_core.runs.RunConfig`'s ``validation_monitor``
+    and ``validation_source``), per dataset and partition scheme: :func:`verify` also checks one run of each, so
+    every way of drawing a validation set is re-run bit for bit; None for a run without one."""
+    c = history.config
+    if not c.get("validation_monitor"):
+        return None
+    return (c["dataset"], c["partition"], f"validation {c.get('validation_source', 'share')}")
+
+
 def label(history: History) -> str:
     """The run in a few words, for a check's line: its :func:`group_of` and its seed."""
     return " / ".join(group_of(history)) + f", seed {history.config['seed']}"
@@ -131,8 +141,9 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
         ``workers=1``.
     rounds : how many first rounds to re-run (None: all).
     every : every archived run and reference (in full when `rounds` is None); else one run of each distinct
-        :func:`group_of`, among the archive's runs and its references (:meth:`Archive.references`): the cheapest
-        (seconds per round) of those computed with this process's kernels, else the cheapest.
+        :func:`group_of`, and of each :func:`validation_group_of`, among the archive's runs and its references
+        (:meth:`Archive.references`): the cheapest (seconds per round) of those computed with this process's
+        kernels, else the cheapest.
     journal : a file each finished check is appended to (one JSON line); checks it already holds for the same
         run, rounds and code version are read from it, not re-run, so a long verification resumes where it was
         stopped.
@@ -148,7 +159,9 @@ def verify(rerun: Callable[..., list[dict[str, Any]]] = rerun_run, archive: Arch
         for key, h in sorted(entries, key=lambda kh: (checkable(kh[1]), same_kernels(kh[1]),
                                                       -(kh[1].meta.get("seconds") or 0.0) / max(len(kh[1].rounds), 1))):
             chosen[group_of(h)] = (key, h)
-        entries = sorted(chosen.values(), key=lambda kh: kh[0])
+            if validation_group_of(h) is not None:
+                chosen[validation_group_of(h)] = (key, h)
+        entries = sorted(dict(chosen.values()).items())   # a run chosen for both kinds of group is checked once
     version = code_version()
     done: dict[tuple, Check] = {}
     if journal is not None and Path(journal).exists():

@@ -129,6 +129,26 @@ def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny
     assert fedavg.key == store.archive_key(tiny, CPU) and fedavg.same_kernels
 
 
+def test_verification_also_checks_one_run_per_way_of_drawing_a_validation_set(tiny, tmp_path, archive, monkeypatch):
+    # the held-out share and the unused images are drawn by code of their own: a change there must show, though
+    # the runs share their algorithm, data, model and split with a run that holds no validation set
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    small = tiny.replace(max_train_samples=600)
+    configs = [small, small.replace(seed=1, validation_monitor=0.2),
+               small.replace(seed=2, validation_monitor=1.0, validation_source="unused")]
+    for config in configs:
+        run(config, cache_dir=tmp_path, workers=1)
+    checks = verify(rerun, archive, rounds=1)
+    # both validation runs are checked (a run chosen for its group as well is checked once)
+    assert {store.archive_key(c, CPU) for c in configs[1:]} <= {c.key for c in checks} and len(checks) == 2
+    assert all(c.ok for c in checks)
+    key = store.archive_key(configs[2], CPU)                  # the unused images' validation curve, edited
+    doc = Archive.read(archive.paths(key)[0])
+    doc["rounds"][0]["client_validation_accuracy"][0] += 1e-12
+    Archive.write(archive.paths(key)[0], doc)
+    assert [c.ok for c in verify(rerun, archive, rounds=1) if c.key == key] == [False]
+
+
 def test_verification_checks_a_reference_recomputed_with_the_pinned_kernels_while_the_book_reads_the_entry(
         tiny, tmp_path, archive, monkeypatch):
     # the archive's entry was computed before the pins (no kernels recorded); its reference, in pinned/, with them
