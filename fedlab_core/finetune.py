@@ -30,8 +30,8 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
 
     The Single run is an ordinary run, read from the archive or the cache like any other (with its final
     state): its config holds the rest of each client's training data out as a monitored validation set
-    (``validation_monitor = 1 - fraction``), which is the data the head is then fine-tuned on together with
-    the `fraction` trained on.
+    (``validation_monitor = 1 - fraction``, ``validation_source = "share"`` whatever `config` says), which is the
+    data the head is then fine-tuned on together with the `fraction` trained on.
 
     Returns one row per client: ``client`` (its domain or id), ``trained_on`` and ``finetuned_on`` (image
     counts), ``before`` and ``after`` (test accuracy).
@@ -40,7 +40,9 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
 
     if not 0 < fraction < 1:
         raise ValueError(f"fraction: must be in (0, 1), got {fraction}")
-    sim, state = trained(config.replace(algorithm="single", validation_monitor=1 - fraction), device=device)
+    # the rest of each client's own data is held out, whatever validation set the chapter's runs monitor
+    sim, state = trained(config.replace(algorithm="single", validation_monitor=1 - fraction, validation_source="share"),
+                         device=device)
     algo, rows = sim.algorithm, []
     with one_thread(), deterministic(sim.federation.x_test.device):   # as the run itself computed
         for c in sim.federation.clients:

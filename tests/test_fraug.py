@@ -358,6 +358,10 @@ def test_head_finetuning_trains_on_a_tenth_reads_its_run_like_any_other_and_tune
     assert all(abs(t - 0.1 * n) <= 10 for t, n in zip(table["trained_on"], table["finetuned_on"]))
     assert table[["before", "after"]].apply(lambda s: s.between(0, 1)).all().all()
     assert (table["after"] != table["before"]).any()
+    # a chapter whose runs monitor validation sets of unused images still trains on a tenth of each client's data
+    unused = head_finetuning(config.replace(max_train_samples=600, validation_monitor=1.0, validation_source="unused"),
+                             fraction=0.1, epochs=1)
+    assert all(abs(t - 0.1 * n) <= 10 for t, n in zip(unused["trained_on"], unused["finetuned_on"]))
     monkeypatch.setattr(Simulation, "run_round", lambda *a, **k: pytest.fail("the Single run was trained again"))
     again = head_finetuning(config, fraction=0.1, epochs=3)      # the run and its final state come from the cache
     assert again.equals(table)
