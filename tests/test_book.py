@@ -843,6 +843,7 @@ def test_fraug_chapter_runs_tables_1_and_2_on_another_benchmark(tmp_path, monkey
     params = dict(book.profile_parameters(PROFILES, "fraug", "smoke"), SEEDS=[0], METHODS=methods,
                   ABLATION=["+ smoothing (FRAug)"], SIZES=[1.0], NUM_ROUNDS=1, SAMPLES_PER_DOMAIN=30,
                   TEST_PER_DOMAIN=20, FINETUNE_EPOCHS=1, UMAP_PER_CLIENT=10, WORKERS=1,
+                  VALIDATION_MONITOR=0.1, VALIDATION_SOURCE="share",   # as the paper profile: PACS leaves no images out
                   OTHER_BENCHMARKS=[{"dataset": "pacs", "model": "lenet5_bn", "image_size": 28, "data_fraction": 0.5,
                                      "test_fraction": 1.0, "gamma": 0.01}])
     out = tmp_path / "fraug.ipynb"
