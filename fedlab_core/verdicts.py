@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -394,11 +393,15 @@ def _runs_reason(runs, metric: str) -> str:
 
 
 def _code(h: "History") -> str:
-    """What must match between the arms of a comparison: the pinned kernels a run was computed with (verification
-    re-runs such runs under today's code, and a code change that moves their numbers makes them stale), or, for a
-    run computed before the kernels were recorded, its code version."""
+    """What must match between the arms of a comparison: the kernels a run was computed with, as their canary's
+    digest says (:func:`fedlab_core.kernels.canary`: under the pins every x86-64 CPU with AVX2 computes the same,
+    whatever other flags it has; verification re-runs such runs under today's code, and a code change that moves
+    their numbers makes them stale) on its device type, or, for a run computed before the kernels were recorded,
+    its code version."""
     kernels = h.meta.get("kernels")
-    return json.dumps(kernels, sort_keys=True) if kernels else f"code {h.meta.get('code_version')}"
+    if not kernels:
+        return f"code {h.meta.get('code_version')}"
+    return f"{h.meta.get('device', 'cpu')} {kernels.get('canary')}"
 
 
 def stopped_on_test(h: "History") -> bool:

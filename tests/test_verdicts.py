@@ -572,6 +572,10 @@ def test_arms_computed_by_different_code_wait_for_the_recompute():
     assert beats(a2, b2).verdict == "held"
     b3 = [dataclasses.replace(h, meta={**h.meta, "kernels": {"canary": "def", "threads": 1}}) for h in b]
     assert beats(a2, b3).label.startswith("inconclusive (arms from different code")
+    # the pins make CPUs with other flags (AVX-512, AMX) compute alike: their canary says so, and it decides
+    other_cpu = {"kernels": {"canary": "abc", "threads": 1, "flags": ["avx2", "fma", "avx512f", "amx_tile"]}}
+    b4 = [dataclasses.replace(h, meta={**h.meta, **other_cpu}) for h in b]
+    assert beats(a2, b4).verdict == "held"
 
 
 def test_a_run_stopped_on_its_test_curve_or_arms_of_unequal_budgets_decide_nothing():
