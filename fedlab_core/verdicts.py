@@ -374,11 +374,11 @@ def _runs_reason(runs, metric: str) -> str:
         for h in side:
             why = degenerate(h, metric)
             if why:
-                return (f"{DEGENERATE}: {h.config.get('algorithm')} seed {h.config.get('seed')} {why}")
+                return f"{DEGENERATE}: {_who(h)} {why}"
     for side in runs:
         for h in side:
             if stopped_on_test(h):
-                return f"{TEST_STOPPED}: {h.config.get('algorithm')} seed {h.config.get('seed')} stopped at round " \
+                return f"{TEST_STOPPED}: {_who(h)} stopped at round " \
                        f"{h.rounds[-1]['round']}: waits for the recompute"
     versions = [{_code(h) for h in side} for side in runs]
     if len(versions) == 2 and versions[0] != versions[1]:
@@ -390,6 +390,13 @@ def _runs_reason(runs, metric: str) -> str:
             if a is not None and b is not None and a != b:
                 return f"{UNEQUAL_BUDGETS}: seed {seed} trained {a} rounds on one side, {b} on the other"
     return ""
+
+
+def _who(h: "History") -> str:
+    """A run behind a claim in words: its method with its plug-in, and its seed ("fedavg+ot_align seed 0")."""
+    augment = h.config.get("augment", "none")
+    method = h.config.get("algorithm") + ("" if augment in (None, "none") else f"+{augment}")
+    return f"{method} seed {h.config.get('seed')}"
 
 
 def _code(h: "History") -> str:
@@ -713,7 +720,7 @@ def client_scores(h: "History", protocol: str = LAST_FIFTH) -> np.ndarray:
         rows = [r for r in rows if r.get("client_validation_accuracy") is not None]
         if not rows:
             raise ValueError(f"protocol: {BEST_VALIDATION!r} needs a run with validation_monitor > 0; run "
-                             f"{h.config.get('algorithm')!r} seed {h.config.get('seed')} has no validation scores")
+                             f"{_who(h)} has no validation scores")
     if _diverged(h, "mean_client_accuracy") or not rows:
         return np.full(len(h.final.get("client_accuracy") or ()), np.nan)
     test = np.array([r["client_accuracy"] for r in rows], dtype=float)              # (rounds, clients)

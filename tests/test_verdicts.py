@@ -522,12 +522,12 @@ def test_a_chapter_names_its_settings_and_an_unknown_name_fails_in_one_line():
 
 # ------------------------------------------------------------------------------ degenerate runs
 
-def _clients_run(seed, per_round, classes=10, meta=None, algorithm="fedavg"):
+def _clients_run(seed, per_round, classes=10, meta=None, algorithm="fedavg", augment="none"):
     # a run whose every round is evaluated: per_round[r] is the clients' accuracies at round r + 1
     rounds = [{"round": r + 1, "client_accuracy": list(acc), "mean_client_accuracy": float(np.mean(acc))}
               for r, acc in enumerate(per_round)]
     final = {k: v for k, v in rounds[-1].items() if k != "round"}
-    return History(RunConfig(seed=seed, algorithm=algorithm).to_dict(), rounds, final,
+    return History(RunConfig(seed=seed, algorithm=algorithm, augment=augment).to_dict(), rounds, final,
                    {"class_counts": [[1] * classes] * len(per_round[0]), "code_version": "v1", **(meta or {})})
 
 
@@ -556,6 +556,9 @@ def test_a_claim_resting_on_a_degenerate_run_is_inconclusive_whatever_its_interv
     v = beats(good, stuck, "DisTrans beats FedAvg")
     assert v.label.startswith("inconclusive (degenerate: fedavg seed 0 predicts a constant per client")
     assert v.category == "inconclusive (degenerate)" and not v.decided
+    # the run is named with its plug-in: FedAvg with and without one are the two arms of a plug-in's claims
+    stuck_plugged = [_clients_run(s, [[0.5] * 3] * 12, augment="mixup") for s in range(5)]
+    assert beats(stuck_plugged, good).label.startswith("inconclusive (degenerate: fedavg+mixup seed 0 predicts")
     assert beats(good, [_clients_run(s, [[0.70 + 0.002 * s] * 2 + [0.71] for _ in range(12)])
                         for s in range(5)]).verdict == "held"
 
