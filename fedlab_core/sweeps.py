@@ -8,6 +8,7 @@ turn the results into the book's tables and frames.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ from .parallel import end_with_parent
 from .progress import Report
 from .runs import RunConfig, resolve_device, run, run_many, stored, together
 from .store import History
-from .verdicts import mean_std
+from .verdicts import SEED_CAP, mean_std
 
 if TYPE_CHECKING:  # pandas loads when a table is first asked for
     import pandas as pd
@@ -122,24 +123,30 @@ def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History] | Map
     """The rule's second look at a claim (:mod:`fedlab_core.verdicts`): ``judge(*sides, looks=2)`` on the runs
     given (five seeds); when only its interval left it undecided (:attr:`Verdict.straddles`), the same configs
     at `more_seeds` are run (or read from the archive) and the claim is judged again on every seed, still with
-    two looks, so the two looks together keep the rule's error rate. A side is a method's runs, or a mapping of
-    them (the rivals of :func:`~fedlab_core.verdicts.beats_every`). `judge` is e.g.
-    ``functools.partial(verdicts.beats, claim="...")``; `sweep_kwargs` go to :func:`sweep`. ``looks=1``: one
-    look, no seeds added (``judge(*sides)``), for a profile whose claims were planned without a second look."""
+    two looks, so the two looks together keep the rule's error rate. A claim the first look decided carries that
+    look as :attr:`Verdict.more`, taken by :meth:`Verdicts.second_looks` if Holm's adjustment over its family
+    undoes the decision. A side is a method's runs, or a mapping of them (the rivals of
+    :func:`~fedlab_core.verdicts.beats_every`). `judge` is e.g. ``functools.partial(verdicts.beats,
+    claim="...")``; `sweep_kwargs` go to :func:`sweep`. ``looks=1``: one look, no seeds added
+    (``judge(*sides)``), for a profile whose claims were planned without a second look."""
     if looks == 1:
         return judge(*sides)
     if looks != 2:
         raise ValueError(f"looks: 1 (no second look) or 2; got {looks!r}")
-    first = judge(*sides, looks=2)
-    if not first.straddles:
-        return first
     more_seeds = list(more_seeds)
-    lists = [runs for side in sides for runs in (side.values() if isinstance(side, Mapping) else [side])]
-    extra = [[RunConfig(**runs[0].config).replace(seed=s) for s in more_seeds] for runs in lists]
-    added = iter(sweep([c for configs in extra for c in configs], **sweep_kwargs))
-    grown = iter([[*runs, *(next(added) for _ in configs)] for runs, configs in zip(lists, extra)])
-    return judge(*({name: next(grown) for name in side} if isinstance(side, Mapping) else next(grown)
-                   for side in sides), looks=2)
+
+    def again() -> "Verdict":
+        lists = [runs for side in sides for runs in (side.values() if isinstance(side, Mapping) else [side])]
+        extra = [[RunConfig(**runs[0].config).replace(seed=s) for s in more_seeds] for runs in lists]
+        added = iter(sweep([c for configs in extra for c in configs], **sweep_kwargs))
+        grown = iter([[*runs, *(next(added) for _ in configs)] for runs, configs in zip(lists, extra)])
+        return judge(*({name: next(grown) for name in side} if isinstance(side, Mapping) else next(grown)
+                       for side in sides), looks=2)
+
+    first = judge(*sides, looks=2)
+    if first.straddles:
+        return again()
+    return dataclasses.replace(first, more=again) if first.decided and first.seeds < SEED_CAP else first
 
 
 def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:

@@ -263,8 +263,8 @@ def test_the_protocol_sentences_follow_each_parameter():
         "monitor_rule": "a validation share held out of each client's training images (10%), never the test set",
         "tune_seeds": "3 seeds (100, 101, 102), none of which the tables evaluate on",
         "tune_choice": "the smallest rate within one standard error (over the seeds) of the best is chosen",
-        "second_look_rule": "Where five seeds leave a claim's interval straddling, five more are added (the rule's "
-                            "second look)."}
+        "second_look_rule": "Where five seeds leave a claim's interval straddling, or its interval decides but "
+                            "Holm's adjustment over its table does not, five more are added (the rule's second look)."}
     earlier = report.protocol(90, True, 0.0, [0], [0, 1, 2, 3, 4], 1)   # each setting changes its own sentence
     assert all(earlier[k] != evidence[k] for k in evidence)
     assert earlier["budget_rule"].startswith("Every run stops once its convergence test passes (at most 90 rounds)")

@@ -204,6 +204,8 @@ def test_the_rule_the_book_prints_carries_the_rates_computed_at_the_spread_it_is
     assert f"difference of 2 points it says *held* {100 * power['held']:.1f}%" in text
     assert "per-seed spread of d 2.5 points" in text and "Holm" in text
     assert f"fewer than {verdicts.MIN_SEEDS} seeds" in text and "±1 accuracy point" in text
+    family = verdicts.family_error_rates(sd=0.025)
+    assert f"some false decision stands in {100 * family['family-wise error']:.1f}%" in text
     assert verdicts.rule(0.01) != text
 
 
@@ -666,6 +668,44 @@ def test_holm_controls_the_familywise_error_of_twenty_null_claims():
     assert families_with_an_error / 300 <= 0.05 + 0.03   # 5% nominal, with room for 300 draws
 
 
+def test_a_second_look_at_claims_that_holm_undoes_keeps_the_family_error_and_adds_power():
+    null = verdicts.family_error_rates()                          # 20 claims, none real
+    assert null["family-wise error"] <= ALPHA + 0.003             # 5% nominal; 20,000 families: s.e. 0.15%
+    mixed = verdicts.family_error_rates(real=10)                  # 10 of them differ by 3 points
+    assert mixed["family-wise error"] <= ALPHA + 0.003
+    plain = verdicts.family_error_rates(real=10, multiplicity_look=False)
+    assert mixed["held"] > plain["held"] + 0.1 and mixed["second looks"] > plain["second looks"]
+
+
+def test_the_family_simulation_adjusts_as_holm_does():
+    rng = np.random.default_rng(2)
+    p = rng.uniform(0, 0.05, (50, 6))
+    for row, adjusted in zip(p, verdicts._holm_adjusted(p)):
+        found = verdicts.holm([dataclasses.replace(order([0.01] * 5, [0.0] * 5, f"Table 1: claim {i}"), p=float(x))
+                               for i, x in enumerate(row)])
+        assert [v.adjusted_p for v in found] == pytest.approx(list(adjusted))
+
+
+def test_second_looks_grows_only_the_claims_holm_undid_until_none_is_left():
+    weak = [0.02, 0.04, 0.005, 0.03, 0.02]                       # held alone (two looks), not over 3 claims
+    strong = [0.02, 0.021, 0.019, 0.02, 0.022] * 2               # the same claim at ten seeds: held
+    taken = []
+
+    def grow(claim):
+        return lambda: taken.append(claim) or order(strong, [0.0] * 10, claim, looks=2)
+    found = Verdicts()
+    found.add(dataclasses.replace(order(weak, [0.0] * 5, "Table 1: A beats B", looks=2),
+                                  more=grow("Table 1: A beats B")))
+    for i in range(2):                                            # undecided claims still count in the family
+        found.add(order([0.01, -0.02, 0.015, 0.0, -0.01], [0.0] * 5, f"Table 1: C{i} beats B", looks=2))
+    found.add(dataclasses.replace(order(weak, [0.0] * 5, "Fig. 4: A beats B", looks=2),
+                                  more=grow("Fig. 4: A beats B")))   # a family of one: stands, no look
+    assert found.items[0].category == "inconclusive (multiplicity)" and found.items[3].verdict == "held"
+    assert found.second_looks() == 1 and taken == ["Table 1: A beats B"]
+    assert found.items[0].label == "held" and found.items[0].seeds == 10 and found.items[0].family_size == 3
+    assert found.second_looks() == 0 and taken == ["Table 1: A beats B"]   # each claim looks again once
+
+
 # ------------------------------------------------------------------------------ beats every other
 
 @pytest.mark.parametrize("rivals", [2, 3, 4, 5])
@@ -730,7 +770,10 @@ def test_the_second_look_adds_seeds_five_to_nine_only_to_a_claim_whose_interval_
     assert asked == [[5, 6, 7, 8, 9]] and second.seeds == 10 and second.decided
     clear = runs_for([RunConfig(algorithm="fedprox", seed=s) for s in range(5)], 0.2)
     asked.clear()
-    assert sweeps.second_look(judge, clear, b).verdict == "held" and asked == []   # decided at five: no more seeds
+    decided = sweeps.second_look(judge, clear, b)
+    assert decided.verdict == "held" and asked == []   # decided at five: no more seeds, unless Holm undoes it
+    assert decided.more().seeds == 10 and asked == [[5, 6, 7, 8, 9]]
+    assert sweeps.second_look(judge, clear, b, looks=1).more is None   # one look planned: none to take
 
 
 def test_the_second_look_grows_every_rival_of_a_claim_against_every_other_method(monkeypatch):
