@@ -30,7 +30,7 @@ from .data import (DATASETS, check_dataset_params, federate, hold_out, load_data
 from .data.transforms import TRAIN_TRANSFORMS
 from .data import partition as P
 from .convergence import VALIDATION
-from .engine import EXECUTORS, INIT, Simulation, SimulationState, derive_seed
+from .engine import EXECUTORS, INIT, Simulation, SimulationState, derive_seed, timing
 from .engine import run_together as engine_run_together
 from .kernels import cpu_model, cuda_determinism, deterministic, signature
 from .models import MODELS, build_model, meta_model
@@ -506,7 +506,7 @@ def _record(config: RunConfig, device: torch.device, key: str, sim: Simulation, 
                           "client_test": [len(c.y_test) for c in fed.clients]},
               "failed_clients": sum(r["failed"] for r in rows), "workers": min(sim.workers, fed.num_clients),
               "executor": "batched" if sim.batched else "loop", "trained_together": together,
-              "seconds": time.perf_counter() - started,
+              "seconds": timing(time.perf_counter() - started),
               "setup_bytes": list(state.setup_bytes) if state is not None else [0, 0],
               "resumed_from_round": resumed_from, "diverged": diverged,
               "stopped_at_plateau": rows[-1]["round"] if diverged is None and rows and sim.plateaued(state) else None,

@@ -264,6 +264,11 @@ def test_entries_are_gzipped_json_with_the_same_bytes_for_the_same_run(tiny, tmp
     assert Archive.read(path)["rounds"] == history.rounds
     archive.add(history, tiny, CPU)                                              # written again: no timestamp inside
     assert path.read_bytes() == first
+    # timings keep four significant digits (the rest is the machine's noise); the numbers keep every digit
+    doc = Archive.read(path)
+    timings = [row[k] for row in doc["rounds"] for k in ("train_seconds", "eval_seconds")] + [doc["meta"]["seconds"]]
+    assert all(t > 0 and t == float(f"{t:.4g}") for t in timings)
+    assert any(len(repr(row["train_loss"])) > 8 for row in doc["rounds"])
 
 
 def test_the_archive_refuses_a_run_computed_with_other_kernels(tiny, tmp_path, archive):
