@@ -467,8 +467,10 @@ def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, 
            f"of which the tables also evaluate on {', '.join(map(str, reused))}" if reused else
            "none of which the tables evaluate on"),
         "tune_choice": choice,
-        "second_look_rule": "Where five seeds leave a claim's interval straddling, or its interval decides but Holm's "
-        "adjustment over its table does not, five more are added (the rule's second look)." if looks > 1 else "A claim whose interval straddles stays undecided (LOOKS = 1: no second look).",
+        "second_look_rule": ("Where five seeds leave a claim's interval straddling, or its interval decides but Holm's "
+                             "adjustment over its table does not, five more are added (the rule's second look)."
+                             if looks > 1 else
+                             "A claim whose interval straddles stays undecided (LOOKS = 1: no second look)."),
     }
 
 
