@@ -938,7 +938,8 @@ def every_error_rates(rivals: int, effect: float = 0.0, seeds: int = MIN_SEEDS, 
 
 
 def _holm_adjusted(p: np.ndarray) -> np.ndarray:
-    """Holm's adjusted p-values along the last axis of `p` (each row a family), as :func:`holm` computes them."""
+    """Holm's adjusted p-values along the last axis of `p` (each row a family): :func:`holm`'s, and the
+    simulations'."""
     m = p.shape[-1]
     order_ = np.argsort(p, axis=-1, kind="stable")
     ranked = np.take_along_axis(p, order_, -1)
@@ -1084,10 +1085,9 @@ def holm(items: Sequence[Verdict]) -> list[Verdict]:
             families.setdefault(v.family or family_of(v.claim), []).append(i)
     for family, idx in families.items():
         m = len(idx)
-        running = 0.0
-        for j, i in enumerate(sorted(idx, key=lambda i: raw[i].p if raw[i].tested else 1.0)):
+        ps = _holm_adjusted(np.array([raw[i].p if raw[i].tested else 1.0 for i in idx]))
+        for i, running in zip(idx, map(float, ps)):
             v = raw[i]
-            running = max(running, min(1.0, (m - j) * (v.p if v.tested else 1.0)))
             if not v.tested:
                 continue
             adjusted = dataclasses.replace(v, adjusted_p=running, family_size=m, family=family, unadjusted=v)
