@@ -99,23 +99,33 @@ class Tuning:
         """Method x learning rate tried (absolute grid) or factor of its paper rate (relative grid): the best
         validation score there (over a second rate); NaN where the method did not try it."""
         return self.grid.pivot_table(index="method", columns="lr" if self.absolute else "factor",
-                                     values="validation", aggfunc="max", sort=False).sort_index(axis=1)
+                                     values="validation", aggfunc="max", sort=False, dropna=False).sort_index(axis=1)
+
+    def diverged(self) -> "pd.DataFrame":
+        """:meth:`by_rate`'s table of where a method tried a rate and has no score there: a seed of every candidate
+        at that rate diverged. True there, False elsewhere (a rate not tried included)."""
+        table = self.by_rate()
+        tried = (self.grid.assign(tried=True)
+                 .pivot_table(index="method", columns="lr" if self.absolute else "factor", values="tried",
+                              aggfunc="any", sort=False)
+                 .reindex(index=table.index, columns=table.columns))
+        return tried.fillna(False).astype(bool) & table.isna()
 
     def curves(self) -> "pd.DataFrame":
-        """Per method and learning rate tried: the validation score's mean over the seeds and its standard error
-        (at the method's chosen second rate, where it has one), and whether it was chosen: a method's curve of
-        score against rate, to see how sharp each choice is."""
-        rows = []
-        for method, group in self.grid.groupby("method", sort=False):
-            chosen = self.chosen[method]
-            for name, value in chosen.items():
-                if name != "lr":
-                    group = group[group[name] == value]
-            for _, r in group.sort_values("lr").iterrows():
-                rows.append({"method": method, "lr": r["lr"], "validation": r["validation"],
-                             "validation_se": r["validation_se"], "chosen": bool(r["chosen"])})
+        """Per method and learning rate tried: the validation score's mean over the seeds and its standard error,
+        and whether it was chosen: a method's curve of score against rate, to see how sharp each choice is. Where a
+        method has a second rate, each learning rate shows its best candidate over the second rate, as
+        :meth:`by_rate` does (the chosen one at the chosen rate)."""
         import pandas as pd
 
+        rows = []
+        for method, group in self.grid.groupby("method", sort=False):
+            for lr, at in group.groupby("lr", sort=True):
+                best = at[at["chosen"]] if at["chosen"].any() else at.sort_values("validation", ascending=False,
+                                                                                  na_position="last")
+                r = best.iloc[0]
+                rows.append({"method": method, "lr": lr, "validation": r["validation"],
+                             "validation_se": r["validation_se"], "chosen": bool(r["chosen"])})
         return pd.DataFrame(rows)
 
     def convergence(self) -> str:

@@ -196,7 +196,8 @@ def accuracy_curves(frames: Mapping[str, "pandas.DataFrame"], metric: str = "glo
 def tuning_curves(curves: "pandas.DataFrame", ncols: int = 3, title: str | None = None):
     """Small multiples of a tuning (:meth:`fedlab_core.tuning.Tuning.curves`): per method, the validation score
     against the learning rate (log scale) with one standard error over the tuning seeds as error bars, the chosen
-    rate ringed, so a reader sees how sharp each choice is. One panel per method, `ncols` to a row."""
+    rate ringed, a rate where a seed diverged (no score) crossed at 0, so a reader sees how sharp each choice is.
+    One panel per method, `ncols` to a row."""
     methods = list(dict.fromkeys(curves["method"]))
     if not methods:
         raise ValueError("curves: no methods to draw")
@@ -207,6 +208,8 @@ def tuning_curves(curves: "pandas.DataFrame", ncols: int = 3, title: str | None 
         c = curves[curves["method"] == method]
         ax.errorbar(c["lr"], c["validation"], yerr=c["validation_se"].fillna(0), marker="o", markersize=3,
                     capsize=2, linewidth=1)
+        lost = c[c["validation"].isna()]
+        ax.plot(lost["lr"], np.zeros(len(lost)), "x", color="tab:red", markersize=6)
         best = c[c["chosen"]]
         ax.plot(best["lr"], best["validation"], "o", markersize=9, markerfacecolor="none", color="black")
         ax.set_xscale("log")
@@ -214,7 +217,8 @@ def tuning_curves(curves: "pandas.DataFrame", ncols: int = 3, title: str | None 
         ax.tick_params(labelsize=8)
     for ax in axes.flat[len(methods):]:
         ax.set_visible(False)
-    fig.supxlabel("learning rate (ringed: chosen)", fontsize=9)
+    diverged = "; ×: a seed diverged" if curves["validation"].isna().any() else ""
+    fig.supxlabel(f"learning rate (ringed: chosen{diverged})", fontsize=9)
     fig.supylabel("validation client accuracy", fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
@@ -250,28 +254,35 @@ def client_size_histogram(class_counts: np.ndarray, ax=None):
     return fig
 
 
-def _annotated_heatmap(values: "pandas.DataFrame", fmt: str, title: str | None, ax, dark, blank_nan: bool,
-                       **imshow):
+def _annotated_heatmap(values: "pandas.DataFrame", fmt: str, title: str | None, ax, dark,
+                       notes: "pandas.DataFrame | None" = None, **imshow):
     """The shared layout of the heatmaps: cells coloured by value, each labelled with ``fmt``, white text
-    where ``dark(value)``; NaN cells unlabelled when ``blank_nan``."""
+    where ``dark(value)``; a NaN cell blank, or labelled with its text in `notes` (same shape) where it has one."""
     m = values.to_numpy(dtype=float)
+    if notes is not None and notes.shape != m.shape:
+        raise ValueError(f"notes: shape {notes.shape} differs from the values' {m.shape}")
+    text = notes.to_numpy(dtype=object) if notes is not None else np.full(m.shape, "", dtype=object)
     fig, ax = _fig_ax(ax, figsize=(min(1.2 * m.shape[1] + 2.5, COLUMN), 0.38 * m.shape[0] + 1.2))
     im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", **imshow)
     fig.colorbar(im, ax=ax)
     ax.set_xticks(range(m.shape[1]), [str(c) for c in values.columns], rotation=30, ha="right")
     ax.set_yticks(range(m.shape[0]), [str(r) for r in values.index])
     for (i, j), v in np.ndenumerate(m):
-        if np.isfinite(v) or not blank_nan:
+        if np.isfinite(v):
             ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8, color="white" if dark(v) else "black")
+        elif text[i, j]:
+            ax.text(j, i, str(text[i, j]), ha="center", va="center", fontsize=7, color="black")
     if title:
         ax.set_title(title, fontsize=10)
     return fig
 
 
-def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:.2f}", ax=None):
-    """A table of numbers (rows x columns, e.g. algorithms x settings) as an annotated heatmap."""
+def results_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:.2f}", ax=None,
+                    notes: "pandas.DataFrame | None" = None):
+    """A table of numbers (rows x columns, e.g. algorithms x settings) as an annotated heatmap; a NaN cell is
+    blank, or shows its text in `notes` (a table of strings of the same shape, e.g. "diverged")."""
     mid = np.nanmean(values.to_numpy(dtype=float))
-    return _annotated_heatmap(values, fmt, title, ax, lambda v: v < mid, blank_nan=False, cmap="viridis")
+    return _annotated_heatmap(values, fmt, title, ax, lambda v: v < mid, notes, cmap="viridis")
 
 
 def delta_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str = "{:+.1f}",
@@ -285,8 +296,8 @@ def delta_heatmap(values: "pandas.DataFrame", title: str | None = None, fmt: str
     finite = np.abs(m[np.isfinite(m)])
     if limit is None:
         limit = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-    return _annotated_heatmap(values, fmt, title, ax, lambda v: abs(v) > 0.6 * limit, blank_nan=True,
-                              cmap="RdBu", vmin=-limit, vmax=limit)
+    return _annotated_heatmap(values, fmt, title, ax, lambda v: abs(v) > 0.6 * limit, cmap="RdBu", vmin=-limit,
+                              vmax=limit)
 
 
 def class_separation(points: np.ndarray, labels: np.ndarray) -> float:

@@ -1,5 +1,7 @@
 """Every method runs with its own paper's settings unless a run says otherwise; the tuning picks one rate
 per method on validation data; the validation split never touches the test sets."""
+import math
+
 import pytest
 import torch
 
@@ -349,8 +351,6 @@ def test_near_the_best_the_rule_prefers_rates_that_converge_at_the_horizon(monke
 
 
 def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(monkeypatch, tiny):
-    import math
-
     _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 3.0)))      # best at lr 3, far above the grid
     t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1), widen=2)
     assert sorted(t.grid["lr"]) == [0.01, 0.03, 0.1, 0.3, 1.0]           # widened twice, then stopped
@@ -364,6 +364,27 @@ def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(mon
     _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 0.03)) - abs(math.log10(c.algorithm_params["offset_lr"])))
     t = tune(tiny.replace(lr=None), {"distrans": {"algorithm": "distrans"}}, rounds=10, rates=(0.01, 0.03, 0.1))
     assert t.chosen["distrans"] == {"lr": 0.03, "offset_lr": 1.0}        # the second rate's grid, inside its edges
+
+
+def test_the_tuning_pictures_show_each_rates_best_candidate_and_where_a_seed_diverged(monkeypatch, tiny):
+    # DisTrans: at lr 0.03 offset rate 1 scores best (chosen); at lr 0.01 only offset rate 10 does well; at lr 0.1
+    # every candidate diverges (NaN). FedAvg never diverges.
+    good = {(0.03, 1.0): 0.8, (0.01, 10.0): 0.7}
+
+    def score_of(c):
+        if c.algorithm == "fedavg":
+            return 0.6
+        return math.nan if c.lr == 0.1 else good.get((c.lr, c.algorithm_params["offset_lr"]), 0.3)
+    _scored_by(monkeypatch, score_of)
+    t = tune(tiny.replace(lr=None), {"distrans": {"algorithm": "distrans"}, "fedavg": {}}, rounds=10,
+             rates=(0.01, 0.03, 0.1), widen=0)
+    assert t.chosen["distrans"] == {"lr": 0.03, "offset_lr": 1.0}
+    curve = t.curves().set_index(["method", "lr"])
+    assert curve.loc[("distrans", 0.01), "validation"] == pytest.approx(0.7)     # the rate's best, not offset 1's
+    assert curve.loc[("distrans", 0.03), "chosen"] and math.isnan(curve.loc[("distrans", 0.1), "validation"])
+    diverged = t.diverged()
+    assert diverged.loc["distrans"].tolist() == [False, False, True] and not diverged.loc["fedavg"].any()
+    assert math.isnan(t.by_rate().loc["distrans", 0.1])
 
 
 def test_the_absolute_grid_scores_the_last_fifth_of_ten_evaluations(tiny, tmp_path):

@@ -192,8 +192,28 @@ def test_tuning_curves_draw_one_panel_per_method_with_error_bars_and_the_choice_
     assert [ax.get_title() for ax in shown] == ["a", "b"] and shown[0].get_xscale() == "log"
     ring = shown[0].lines[-1]
     assert list(ring.get_xdata()) == [0.1] and list(ring.get_ydata()) == [0.7]
+    assert "diverged" not in fig.get_supxlabel()
+    curves.loc[5, "validation"] = float("nan")                 # b diverged at lr 1: a cross at 0, said in the label
+    fig = viz.tuning_curves(curves, ncols=4)
+    crosses = [line for ax in fig.axes for line in ax.lines if line.get_marker() == "x"]
+    assert [(list(c.get_xdata()), list(c.get_ydata())) for c in crosses if len(c.get_xdata())] == [([1.0], [0.0])]
+    assert "×: a seed diverged" in fig.get_supxlabel()
     with pytest.raises(ValueError, match="^curves: "):
         viz.tuning_curves(curves.iloc[:0])
+
+
+def test_results_heatmap_leaves_a_nan_cell_blank_or_writes_its_note():
+    import pandas as pd
+
+    values = pd.DataFrame([[0.5, float("nan")], [float("nan"), 0.9]], index=["a", "b"], columns=["0.1", "1"])
+    ax = viz.results_heatmap(values).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["0.50", "0.90"]
+    notes = pd.DataFrame([["", "diverged"], ["", ""]], index=values.index, columns=values.columns)
+    ax = viz.results_heatmap(values, notes=notes).axes[0]
+    assert [(t.get_text(), t.get_position()) for t in ax.texts] == [("0.50", (0, 0)), ("diverged", (1, 0)),
+                                                                    ("0.90", (1, 1))]
+    with pytest.raises(ValueError, match="^notes: "):
+        viz.results_heatmap(values, notes=notes.iloc[:1])
 
 
 def test_claim_effects_draw_a_dot_and_an_interval_per_claim_coloured_by_verdict_one_panel_per_paper():
