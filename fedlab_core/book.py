@@ -436,8 +436,9 @@ def verify_archive(every: bool = False, rounds: int = 2) -> int:
     """Re-run the archived runs (:func:`fedlab_core.verification.verify`): the first `rounds` rounds of one run per
     distinct method, augmentation, dataset, model and partition scheme, or with `every` each run in full
     (resumable: finished checks are kept in the cache folder). Prints one line per run; returns 1 when a run's
-    numbers differ where the kernels are those that computed it, else 0."""
-    from .store import Archive, default_cache_dir
+    numbers differ where the kernels are those that computed it, or when a stored timing (:class:`Measurements`) is
+    stale, else 0."""
+    from .store import Archive, Measurements, default_cache_dir
     from .verification import verify
 
     archive = Archive()
@@ -454,7 +455,10 @@ def verify_archive(every: bool = False, rounds: int = 2) -> int:
           + (f"{len(failed)} differ: {', '.join(c.key for c in failed)}" if failed else "all bit-identical"
              if all(c.first_difference is None for c in rerun) else "differences only where the kernels differ")
           + (f"; {elsewhere} not checkable on this machine's devices" if elsewhere else ""))
-    return 1 if failed else 0
+    stale = Measurements().stale()
+    for line in stale:
+        print(f"[verify] measurement {line}: measure it anew (the chapter's REMEASURE = True, book profile)", flush=True)
+    return 1 if failed or stale else 0
 
 
 def main(argv: list[str] | None = None) -> int:

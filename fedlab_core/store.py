@@ -19,6 +19,7 @@ tensors, read as data only):
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import gzip
 import hashlib
@@ -31,6 +32,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -393,3 +395,94 @@ class Archive:
             versions[version] = versions.get(version, 0) + 1
         return {"runs": runs, "bytes": self.size(), "hours": seconds / 3600, "versions": versions,
                 "with_state": sum(1 for _ in self.folder.glob("*.final"))}
+
+
+# ---------------------------------------------------------------------------------------- measurements
+
+MEASUREMENTS_DIR = ROOT / "book" / "measurements"
+# the libraries whose versions can move a timing: their versions name a measurement (torch by its release)
+TIMED_LIBRARIES = ("torch", "numpy", "scipy", "POT")
+
+
+def source_digest(sources: tuple[str, ...]) -> dict[str, str]:
+    """Each of the library's source files `sources` (paths inside the package) -> a digest of its bytes."""
+    package = Path(__file__).resolve().parent
+    return {s: hashlib.sha256((package / s).read_bytes()).hexdigest()[:12] for s in sources}
+
+
+def measurement_key(name: str, settings: dict[str, Any], sources: tuple[str, ...]) -> str:
+    """A measurement's name in :class:`Measurements`: a hash of its name, its settings, the code that it times
+    (`sources`' digests) and the versions of :data:`TIMED_LIBRARIES`."""
+    versions = {k: v.split("+")[0] for k, v in library_versions().items() if k in TIMED_LIBRARIES}
+    payload = json.dumps({"name": name, "settings": _plain(settings), "sources": source_digest(sources),
+                          "libraries": versions}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def machine() -> dict[str, Any]:
+    """The CPU that took a measurement (its model name, as the system reports it) and its cores."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count() or 1}
+
+
+class Measurements:
+    """The timings the book judges claims on, measured once and stored in the repository, so that a verdict on a
+    cost claim does not move with the load of the machine that builds the page: ``<name>-<key>.json`` per
+    measurement (its values and the settings, sources, libraries, machine and date that produced them). The
+    key (:func:`measurement_key`) names the settings, the digests of the code that is timed and the libraries'
+    versions: changing any of them measures anew, and :meth:`stale` lists the stored measurements that the
+    code or the libraries have left behind.
+
+    As for the :class:`Archive`, writing is switched on by ``FEDLAB_ARCHIVE=write``; the folder is
+    ``book/measurements/`` of the checkout, or ``$FEDLAB_MEASUREMENTS_DIR``.
+    """
+
+    def __init__(self, folder: str | Path | None = None):
+        self.folder = Path(folder or os.environ.get("FEDLAB_MEASUREMENTS_DIR") or MEASUREMENTS_DIR)
+
+    def path(self, name: str, key: str) -> Path:
+        return self.folder / f"{name}-{key}.json"
+
+    def get(self, name: str, settings: dict[str, Any], measure, sources: tuple[str, ...],
+            remeasure: bool = False) -> dict[str, Any]:
+        """The stored measurement of `name` under `settings`, else (or with `remeasure`) ``measure()``'s, stored
+        when the archive is writable. Returns its document: ``values`` (what `measure` returned, as JSON reads it
+        back), ``stored`` (whether it was read, not measured now), ``machine``, ``date`` and ``seconds``."""
+        if not isinstance(remeasure, bool):
+            raise ValueError(f"remeasure: expected True or False, got {remeasure!r}")
+        key = measurement_key(name, settings, sources)
+        path = self.path(name, key)
+        if path.exists() and not remeasure:
+            return {**json.loads(path.read_text()), "stored": True}
+        started = time.perf_counter()
+        values = _plain(_finite(measure()))
+        doc = {"name": name, "settings": _plain(settings), "sources": list(sources), "values": values,
+               "source_digests": source_digest(sources), "libraries": library_versions(), "machine": machine(),
+               "date": datetime.date.today().isoformat(), "seconds": time.perf_counter() - started}
+        if Archive.writing():
+            text = json.dumps(doc, sort_keys=True, indent=1)
+            _atomic_write(path, lambda f: f.write(text.encode()))
+        return {**doc, "stored": False}
+
+    def stale(self) -> list[str]:
+        """The stored measurements whose key the current code or libraries no longer give: one line each, naming
+        the file and what changed."""
+        out = []
+        for path in sorted(self.folder.glob("*.json")):
+            doc = json.loads(path.read_text())
+            if path.name == self.path(doc["name"], measurement_key(doc["name"], doc["settings"],
+                                                                    tuple(doc["sources"]))).name:
+                continue
+            now = source_digest(tuple(doc["sources"]))
+            changed = [s for s in doc["sources"] if now[s] != doc["source_digests"].get(s)]
+            changed += [k for k in TIMED_LIBRARIES if doc["libraries"].get(k, "").split("+")[0]
+                        != library_versions()[k].split("+")[0]]
+            out.append(f"{path.name}: stale ({', '.join(changed) or 'its name'} changed since it was measured)")
+        return out

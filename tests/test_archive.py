@@ -1,5 +1,8 @@
 """The archive of the book's runs: written only when asked, read before the cache, keyed without the code's
-digest, verified bit for bit against the current code, and a hand-edited number caught by run and round."""
+digest, verified bit for bit against the current code, and a hand-edited number caught by run and round; the
+stored timings, read instead of measured and stale once the timed code or libraries move."""
+
+import json
 
 import pytest
 import torch
@@ -370,9 +373,83 @@ def test_make_verify_counts_apart_the_runs_this_machine_cannot_check(monkeypatch
     from fedlab_core.verification import Check
 
     monkeypatch.setenv("FEDLAB_ARCHIVE_DIR", str(tmp_path))
+    monkeypatch.setenv("FEDLAB_MEASUREMENTS_DIR", str(tmp_path / "measurements"))
     checks = [Check("a", "fedavg", 2), Check("b", "fedavg", 0, unavailable="cuda")]
     monkeypatch.setattr(verification, "verify", lambda **kwargs: checks)
     assert book.verify_archive() == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("[verify] 1 archived runs re-run (first 2 rounds)")
     assert last.endswith("all bit-identical; 1 not checkable on this machine's devices")
+
+
+# ------------------------------------------------------------------------------------- stored timings
+
+@pytest.fixture
+def measurements(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLAB_MEASUREMENTS_DIR", str(tmp_path / "measurements"))
+    return store.Measurements()
+
+
+def test_a_timing_is_measured_once_stored_when_writing_and_then_read_not_remeasured(measurements, monkeypatch):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"seconds": [0.5 * len(calls), 2.0]}
+
+    source = ("augment/ot_align.py",)
+    first = measurements.get("cost", {"M": [1, 2]}, measure, source)  # not writing: measured, not kept
+    assert not first["stored"] and measurements.get("cost", {"M": [1, 2]}, measure, source)["values"] == {
+        "seconds": [1.0, 2.0]} and len(calls) == 2
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    made = measurements.get("cost", {"M": [1, 2]}, measure, source)
+    read = measurements.get("cost", {"M": [1, 2]}, measure, source)
+    assert len(calls) == 3 and not made["stored"] and read["stored"] and read["values"] == {"seconds": [1.5, 2.0]}
+    assert read["machine"]["cores"] >= 1 and read["date"] == made["date"]
+    assert not measurements.get("cost", {"M": [1, 3]}, measure, source)["stored"]  # other settings: measured anew
+    again = measurements.get("cost", {"M": [1, 2]}, measure, source, remeasure=True)
+    assert len(calls) == 5 and not again["stored"]
+    assert measurements.get("cost", {"M": [1, 2]}, measure, source)["values"] == {"seconds": [2.5, 2.0]}
+    assert measurements.stale() == []
+
+
+def test_a_change_of_the_timed_code_makes_a_stored_timing_stale_and_measures_anew(measurements, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    source = ("augment/ot_align.py",)
+    measurements.get("cost", {"M": 1}, lambda: [1.0], source)
+    real = store.source_digest
+    monkeypatch.setattr(store, "source_digest", lambda sources: {s: "0" * 12 for s in real(sources)})
+    assert measurements.get("cost", {"M": 1}, lambda: [2.0], source)["values"] == [2.0]  # not the stored 1.0
+    monkeypatch.setattr(store, "source_digest", lambda sources: {s: "1" * 12 for s in real(sources)})
+    stale = measurements.stale()
+    assert len(stale) == 2 and all("augment/ot_align.py changed" in line for line in stale)
+
+
+def test_remeasure_must_be_a_switch(measurements):
+    with pytest.raises(ValueError, match="^remeasure: expected True or False"):
+        measurements.get("cost", {}, lambda: [1.0], ("augment/ot_align.py",), remeasure="yes")
+
+
+def test_make_verify_fails_on_a_stale_timing(monkeypatch, tmp_path, capsys, measurements):
+    from fedlab_core import book, verification
+
+    monkeypatch.setenv("FEDLAB_ARCHIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(verification, "verify", lambda **kwargs: [])
+    monkeypatch.setattr(store.Measurements, "stale", lambda self: ["cost-abc.json: stale (POT changed since)"])
+    assert book.verify_archive() == 1
+    assert "measurement cost-abc.json: stale (POT changed since)" in capsys.readouterr().out
+
+
+def test_the_repositorys_timings_are_current_and_the_cost_study_is_stored_for_the_book_profile():
+    """The OT chapter's cost verdicts read one stored timing study: it must be the book profile's, and neither the
+    timed code nor the timed libraries may have moved since it was measured."""
+    from fedlab_core import book
+
+    folder = store.Measurements(store.MEASUREMENTS_DIR)
+    assert folder.stale() == [], "stored timings the code or libraries have left behind (measure them anew)"
+    docs = [json.loads(p.read_text()) for p in folder.folder.glob("ot_alignment_cost-*.json")]
+    params = book.profile_parameters(book.load_profiles(), "ot_alignment", "book")
+    assert len(docs) == 1, f"{folder.folder}: {len(docs)} stored cost studies of the OT chapter, not one"
+    assert [d["settings"] for d in docs] == [{k: params[k] for k in docs[0]["settings"]}]
+    sweeps = docs[0]["values"]["sweeps"]
+    assert len(sweeps) == params["COST_REPEATS"] and all(t > 0 for repeat in sweeps for point in repeat for t in point)

@@ -10,8 +10,8 @@ from fedlab_core import RunConfig, run
 from fedlab_core.algorithms import FedAvg
 from fedlab_core.augment import AUGMENTS, OTAlign
 from fedlab_core.augment.ot_align import (
-    AlignmentCost, alignment_cost, barycenter_1d, channel_histograms, histogram_distance, intensity_support,
-    monotone_map, quantile_average, quantile_points, sinkhorn_map,
+    AlignmentCost, alignment_cost, barycenter_1d, channel_histograms, cost_sweep, histogram_distance,
+    intensity_support, monotone_map, quantile_average, quantile_points, sinkhorn_map,
 )
 from fedlab_core.data import load_dataset
 from fedlab_core.data.federation import ClientData, Federation
@@ -389,6 +389,15 @@ def test_alignment_cost_times_every_stage():
     assert len(cost.client_barycenter) == len(cost.projection) == 3
     assert all(t > 0 for t in cost.client_barycenter + cost.projection) and cost.server_barycenter > 0
     assert cost.parallel <= cost.total
+
+
+def test_a_cost_sweep_times_every_point_of_every_repeat_and_refuses_no_repeats():
+    x = _images(40, 1, 8, 2.0, 5.0, seed=0)
+    points = [(10, {"solver": "exact"}), (20, {"variant": "channel", "pixels": 16})]
+    seconds = cost_sweep(x, points, repeats=2)
+    assert seconds.shape == (2, 2, 2) and (seconds > 0).all()
+    with pytest.raises(ValueError, match="^repeats: must be >= 1"):
+        cost_sweep(x, points, repeats=0)
 
 
 def test_exact_barycenter_of_a_hand_computed_case():

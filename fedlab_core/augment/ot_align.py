@@ -720,3 +720,21 @@ def alignment_cost(images: torch.Tensor, images_per_client: int, num_clients: in
     aug.setup(fed, seed)
     t = aug.timings
     return AlignmentCost(tuple(t["client_barycenter"]), float(t["server_barycenter"]), tuple(t["projection"]))
+
+
+def cost_sweep(images: torch.Tensor, points: Sequence[tuple[int, dict]], repeats: int, seed: int = 0) -> np.ndarray:
+    """Time one client's set-up (:func:`alignment_cost`) at every point of a sweep, the whole sweep `repeats`
+    times over, so that a busy moment of the machine spoils one run of a point, not a whole series.
+
+    points : (images per client, :class:`OTAlign`'s parameters) per point.
+
+    Returns the seconds, (repeats, points, 2): the client's barycenter, then its projection.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats: must be >= 1, got {repeats}")
+    out = np.zeros((repeats, len(points), 2))
+    for r in range(repeats):
+        for i, (m, params) in enumerate(points):
+            measured = alignment_cost(images, m, 1, seed=seed, **params)
+            out[r, i] = measured.client_barycenter[0], measured.projection[0]
+    return out
