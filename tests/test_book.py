@@ -355,7 +355,7 @@ def test_smoke_ot_alignment_headline_numbers(smoke_book):
                  "exp_projection_images_joint", "exp_projection_images_channel"):
         assert float("-inf") < glue[name] < float("inf")
     assert glue["full_images"] == params["FULL_IMAGES"]
-    assert glue["cost_stored"] == "measured as this page was built"  # the smoke settings' timings are not stored
+    assert glue["cost_stored"].startswith("not stored")  # the smoke settings' timings are not stored
     assert glue["full_parallel_1"] == pytest.approx(glue["full_total_1"])  # one client: nothing runs in parallel
     for k in params["FULL_CLIENTS"]:
         assert 0 < glue[f"full_parallel_{k}"] <= glue[f"full_total_{k}"]
