@@ -818,8 +818,10 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
     the seeds (``low``, ``high``), whether its runs converged (``converged``, :func:`runs_converged`), the
     number of ``seeds``, and the
     verdict on "it beats the method ranked next" with its evidence (:func:`beats`, so inconclusive unless
-    both sides converged with at least :data:`MIN_SEEDS` seeds). A method whose runs diverged ranks last.
-    Returns (the table, the verdicts of the steps, top first); a claim reads "`setting`: A beats B".
+    both sides converged with at least :data:`MIN_SEEDS` seeds) and its ``claim``. A method whose runs diverged
+    ranks last. Returns (the table, the verdicts of the steps, top first); a claim reads "`setting`: A beats B".
+    The steps are verdicts before Holm's adjustment: a page adds them to its :class:`Verdicts` and shows the
+    table through :func:`adjusted_ranking`.
     """
     import pandas as pd
 
@@ -838,8 +840,24 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
             steps.append(step)
         rows.append({"rank": i + 1, "method": name, "mean": mean, "low": low, "high": high,
                      "converged": runs_converged(groups[name], metric), "seeds": len(groups[name]),
-                     "beats the next?": step.label if step else "—", "by": step.evidence if step else "—"})
+                     "beats the next?": step.label if step else "—", "by": step.evidence if step else "—",
+                     "claim": step.claim if step else ""})
     return pd.DataFrame(rows), steps
+
+
+def adjusted_ranking(table: "pd.DataFrame", items: Sequence[Verdict]) -> "pd.DataFrame":
+    """:func:`ranking`'s table with each step's verdict and evidence as `items` hold them: the verdicts of a
+    :class:`Verdicts` once every claim of the page is added, so after Holm's adjustment within each family. A step
+    decided alone but not after the adjustment then reads *inconclusive (multiplicity)*, as the page's counts do.
+    Raises ValueError when a step's claim is not among `items`."""
+    by_claim = {v.claim: v for v in items}
+    missing = [c for c in table["claim"] if c and c not in by_claim]
+    if missing:
+        raise ValueError(f"items: no verdict for the ranking's step {missing[0]!r}")
+    out = table.copy()
+    out["beats the next?"] = [by_claim[c].label if c else "—" for c in table["claim"]]
+    out["by"] = [by_claim[c].evidence if c else "—" for c in table["claim"]]
+    return out
 
 
 def ranking_view(table: "pd.DataFrame") -> "pd.DataFrame":

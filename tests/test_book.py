@@ -833,7 +833,7 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
                                                                      "MAX_TEST_SAMPLES")):
                 assert params[key] == tuning[key], (stem, key)
         assert params["RATES"] == tuning["RATES"], stem     # every chapter on the one absolute grid
-    for stem in ("tuning", "distrans", "distrans_ablations"):   # moved
+    for stem in ("tuning", "distrans", "distrans_ablations", "baselines"):   # moved
         assert book.profile_parameters(PROFILES, stem, "book")["TUNE_SEEDS"] == [100, 101, 102], stem
     # the evidence chooses its rates by one rule everywhere: the tuning chapter's
     rule = evidence["TUNE_CONVERGING"]

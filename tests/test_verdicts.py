@@ -484,6 +484,20 @@ def test_a_ranking_orders_by_score_and_judges_every_step_by_the_rule():
     assert view["beats the next?"].iloc[-1] == "—"
 
 
+def test_a_ranking_shows_each_step_as_holms_adjustment_leaves_it():
+    seeds = range(5)
+    table, steps = verdicts.ranking({"a": [_flat(s, 0.9) for s in seeds], "b": [_flat(s, 0.5) for s in seeds]}, "x")
+    assert table["beats the next?"].iloc[0] == "held" and table["claim"].iloc[0] == "x: a beats b"
+    undone = dataclasses.replace(steps[0], verdict=verdicts.INCONCLUSIVE,
+                                 reason=f"{verdicts.MULTIPLICITY}: held before Holm's adjustment, adjusted p = 0.07")
+    shown = verdicts.ranking_view(verdicts.adjusted_ranking(table, [undone]))
+    assert shown["beats the next?"].iloc[0] == f"{undone.label}: {undone.evidence}"
+    assert undone.label.startswith("inconclusive (multiplicity")
+    assert shown["beats the next?"].iloc[-1] == "—" and table["beats the next?"].iloc[0] == "held"  # a copy
+    with pytest.raises(ValueError, match="^items: no verdict for the ranking's step 'x: a beats b'"):
+        verdicts.adjusted_ranking(table, [])
+
+
 def test_a_ranking_puts_a_diverged_method_last_and_gives_one_seed_no_interval():
     one = {"ok": [_flat(0, 0.7)], "diverged": [_history(0, [0.5, 0.6], final=math.nan)],
            "better": [_flat(0, 0.9)]}
