@@ -405,9 +405,11 @@ TIMED_LIBRARIES = ("torch", "numpy", "scipy", "POT")
 
 
 def source_digest(sources: tuple[str, ...]) -> dict[str, str]:
-    """Each of the library's source files `sources` (paths inside the package) -> a digest of its bytes."""
+    """Each of the library's source files `sources` (paths inside the package) -> a digest of its bytes ("absent"
+    for a file the package no longer has)."""
     package = Path(__file__).resolve().parent
-    return {s: hashlib.sha256((package / s).read_bytes()).hexdigest()[:12] for s in sources}
+    return {s: hashlib.sha256((package / s).read_bytes()).hexdigest()[:12] if (package / s).is_file() else "absent"
+            for s in sources}
 
 
 def measurement_key(name: str, settings: dict[str, Any], sources: tuple[str, ...]) -> str:

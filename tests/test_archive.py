@@ -423,6 +423,10 @@ def test_a_change_of_the_timed_code_makes_a_stored_timing_stale_and_measures_ane
     monkeypatch.setattr(store, "source_digest", lambda sources: {s: "1" * 12 for s in real(sources)})
     stale = measurements.stale()
     assert len(stale) == 2 and all("augment/ot_align.py changed" in line for line in stale)
+    monkeypatch.setattr(store, "source_digest", real)
+    doc = json.loads(next(measurements.folder.glob("*.json")).read_text())
+    measurements.path("gone", "0").write_text(json.dumps({**doc, "name": "gone", "sources": ["augment/gone.py"]}))
+    assert any(line.startswith("gone-0.json: stale (augment/gone.py changed") for line in measurements.stale())
 
 
 def test_remeasure_must_be_a_switch(measurements):
