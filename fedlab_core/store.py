@@ -464,7 +464,7 @@ class Measurements:
         if path.exists() and not remeasure:
             return {**json.loads(path.read_text()), "stored": True}
         started = time.perf_counter()
-        values = _plain(_finite(measure()))
+        values = _plain(measure())
         doc = {"name": name, "settings": _plain(settings), "sources": list(sources), "values": values,
                "source_digests": source_digest(sources), "libraries": library_versions(), "machine": machine(),
                "date": datetime.date.today().isoformat(), "seconds": time.perf_counter() - started}
