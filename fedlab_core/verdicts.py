@@ -810,7 +810,8 @@ def beats(a: Sequence["History"], b: Sequence["History"], claim: str = "", metri
 
 
 def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric: str = "mean_client_accuracy",
-            protocol: str = LAST_FIFTH) -> tuple["pd.DataFrame", list[Verdict]]:
+            protocol: str = LAST_FIFTH, look: Callable[..., Verdict] | None = None
+            ) -> tuple["pd.DataFrame", list[Verdict]]:
     """Methods ranked by their mean score over seeds, and the rule's verdict on each step of the ranking.
 
     `groups` maps a method's name to its runs (one per seed, the same seeds for every method). Each run is
@@ -821,7 +822,9 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
     both sides converged with at least :data:`MIN_SEEDS` seeds) and its ``claim``. A method whose runs diverged
     ranks last. Returns (the table, the verdicts of the steps, top first); a claim reads "`setting`: A beats B".
     The steps are verdicts before Holm's adjustment: a page adds them to its :class:`Verdicts` and shows the
-    table through :func:`adjusted_ranking`.
+    table through :func:`adjusted_ranking`. `look`, called as ``look(judge, a_runs, b_runs)``, judges each step
+    (``judge`` is :func:`beats` with the step's claim): e.g. the rule's second look
+    (``partial(sweeps.second_look, looks=2)``), whose added seeds then stand behind that step's verdict only.
     """
     import pandas as pd
 
@@ -835,8 +838,9 @@ def ranking(groups: Mapping[str, Sequence["History"]], setting: str = "", metric
         step = None
         if i + 1 < len(order_):
             below = order_[i + 1]
-            step = beats(groups[name], groups[below], f"{setting + ': ' if setting else ''}{name} beats {below}",
-                         metric, protocol=protocol)
+            judge = functools.partial(beats, claim=f"{setting + ': ' if setting else ''}{name} beats {below}",
+                                      metric=metric, protocol=protocol)
+            step = look(judge, groups[name], groups[below]) if look else judge(groups[name], groups[below])
             steps.append(step)
         rows.append({"rank": i + 1, "method": name, "mean": mean, "low": low, "high": high,
                      "converged": runs_converged(groups[name], metric), "seeds": len(groups[name]),
@@ -1110,10 +1114,10 @@ def holm(items: Sequence[Verdict]) -> list[Verdict]:
                 continue
             adjusted = dataclasses.replace(v, adjusted_p=running, family_size=m, family=family, unadjusted=v)
             if v.decided and running >= ALPHA:
+                scope = f"the book's own {m} claims" if family == BEYOND_THE_PAPER else f"the {m} claims of {family}"
                 adjusted = dataclasses.replace(
                     adjusted, verdict=INCONCLUSIVE,
-                    reason=f"{MULTIPLICITY}: {v.label} before Holm's adjustment, adjusted p = {running:.2g} over "
-                           f"the {m} claims of {family}")
+                    reason=f"{MULTIPLICITY}: {v.label} before Holm's adjustment, adjusted p = {running:.2g} over {scope}")
             out[i] = adjusted
     return out
 
@@ -1145,12 +1149,18 @@ class Verdicts:
         self.items = holm(self._raw)
 
     def add(self, verdict: Verdict) -> Verdict:
-        self._raw.append(verdict)
-        self.items = holm(self._raw)
+        self.extend([verdict])
         return self.items[-1]
 
     def extend(self, verdicts: Iterable[Verdict]) -> None:
-        self._raw.extend(verdicts)
+        """Add these verdicts; a claim already judged here is refused (Holm's adjustment would count it twice)."""
+        new, seen = list(verdicts), {v.claim for v in self._raw}
+        for v in new:
+            if v.claim and v.claim in seen:
+                raise ValueError(f"claim: already judged on this page, so Holm's adjustment would count it twice: "
+                                 f"{v.claim!r}")
+            seen.add(v.claim)
+        self._raw.extend(new)
         self.items = holm(self._raw)
 
     def second_looks(self) -> int:

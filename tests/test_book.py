@@ -546,9 +546,11 @@ def test_smoke_head_to_head_headline_numbers(smoke_book):
     methods = 8 + len(params["COMBINE"]) * len(params["DATA_LEVEL"])
     assert glue["num_runs"] == methods * len(params["SPLITS"]) * len(params["SEEDS"])
     assert glue["runs_capped"] == glue["num_runs"]          # two rounds: no run can pass the convergence test
-    # every step of each ranking, each paper's method against FedAvg, each combination against its base
+    # every step of each ranking, each paper's method against FedAvg, each combination against its base (a pair
+    # that is also a step of the ranking judged once: the page's Verdicts refuse a claim judged twice)
     combos = len(params["COMBINE"]) * len(params["DATA_LEVEL"])
-    assert glue["steps_total"] == len(params["SPLITS"]) * (methods - 1 + 4 + combos)
+    steps = len(params["SPLITS"]) * (methods - 1)
+    assert steps <= glue["steps_total"] <= steps + len(params["SPLITS"]) * (4 + combos)
     assert glue["steps_decided"] == 0                     # one seed, two rounds: nothing can be decided
     assert glue["personal_label_skew"] in ("pFedMe", "pFedHN", "pFedAvg", "PartialFed")
     assert glue["slowest_ratio"] > 1.0                     # DisTrans's offset step alone costs more than FedAvg's
@@ -833,7 +835,7 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
                                                                      "MAX_TEST_SAMPLES")):
                 assert params[key] == tuning[key], (stem, key)
         assert params["RATES"] == tuning["RATES"], stem     # every chapter on the one absolute grid
-    for stem in ("tuning", "distrans", "distrans_ablations", "baselines"):   # moved
+    for stem in ("tuning", "distrans", "distrans_ablations", "baselines", "head_to_head"):   # moved
         assert book.profile_parameters(PROFILES, stem, "book")["TUNE_SEEDS"] == [100, 101, 102], stem
     # the evidence chooses its rates by one rule everywhere: the tuning chapter's
     rule = evidence["TUNE_CONVERGING"]

@@ -498,6 +498,23 @@ def test_a_ranking_shows_each_step_as_holms_adjustment_leaves_it():
         verdicts.adjusted_ranking(table, [])
 
 
+def test_a_ranking_judges_each_step_with_the_look_it_is_given():
+    # the second look's shape: five more seeds for both sides of a step, judged with two looks
+    near = {"a": [_flat(s, 0.70 + 0.01 * (s % 2)) for s in range(5)], "b": [_flat(s, 0.70) for s in range(5)]}
+    plain, (alone,) = verdicts.ranking(near, "x")
+    looked = []
+
+    def look(judge, a, b):
+        looked.append(judge.keywords["claim"])
+        return judge([*a, *(_flat(s, 0.71) for s in range(5, 10))], [*b, *(_flat(s, 0.70) for s in range(5, 10))],
+                     looks=2)
+
+    table, (step,) = verdicts.ranking(near, "x", look=look)
+    assert looked == ["x: a beats b"] and step.claim == alone.claim
+    assert alone.seeds == 5 and step.seeds == 10 and step.evidence != alone.evidence
+    assert table["by"].iloc[0] == step.evidence and list(table["seeds"]) == [5, 5]   # the rows: the first five
+
+
 def test_a_ranking_puts_a_diverged_method_last_and_gives_one_seed_no_interval():
     one = {"ok": [_flat(0, 0.7)], "diverged": [_history(0, [0.5, 0.6], final=math.nan)],
            "better": [_flat(0, 0.9)]}
@@ -668,6 +685,14 @@ def test_holm_adjusts_each_family_and_a_decision_that_does_not_survive_says_what
     assert second.reason.endswith("over the 8 claims of Table 1")
     assert found.items[-1].verdict == "held" and found.items[-1].family_size == 1
     assert found.count("held") == 2 and "Holm p" in first.evidence
+    own = Verdicts()   # claims beyond the papers' tables: one family, named as such
+    own.add(order(weak, [0.0] * 5, "A beats B"))
+    for i in range(6):
+        own.add(order([0.01, -0.02, 0.015, 0.0, -0.01], [0.0] * 5, f"A beats C{i}"))
+    assert own.items[0].reason.endswith("over the book's own 7 claims")
+    with pytest.raises(ValueError, match="^claim: already judged on this page.*'A beats B'$"):
+        own.add(order(weak, [0.0] * 5, "A beats B"))   # counted twice, it would inflate its family
+    assert len(own.items) == 7                          # refused: nothing added
 
 
 def test_holm_controls_the_familywise_error_of_twenty_null_claims():
