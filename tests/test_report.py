@@ -148,8 +148,9 @@ def test_claimed_differences_pairs_the_papers_difference_with_ours(tmp_path):
     found = verdicts.Verdicts()
     found.add(verdicts.order([0.3, 0.4, 0.5], [0.0, 0.0, 0.0], "Table 1, 5/5: A beats B", paper="+0.284 (CIFAR-10)"))
     found.add(verdicts.order([1, 2, 3], [0, 0, 0], "Table 1: C beats D", paper="+7.29 points (Office-Caltech-10)"))
-    for paper in ("+0.083, +0.006, +0.012", "-0.013 to +0.136", "+0.012 at DH 75% (CH-MNIST)", "ahead (plot)", ""):
-        found.add(verdicts.order([1, 2, 3], [0, 0, 0], "Table 1: E beats F", paper=paper))
+    for i, paper in enumerate(("+0.083, +0.006, +0.012", "-0.013 to +0.136", "+0.012 at DH 75% (CH-MNIST)",
+                               "ahead (plot)", "")):
+        found.add(verdicts.order([1, 2, 3], [0, 0, 0], f"Table 1: E beats F{i}", paper=paper))
     found.add(verdicts.number([0.9, 0.91, 0.92], 0.99, "Table 1: reaches 99%"))   # a claimed number, not a difference
     report.record(found, "ot_fedavg", folder=tmp_path)
     pairs = report.claimed_differences(report.read(tmp_path))
