@@ -1117,7 +1117,8 @@ def holm(items: Sequence[Verdict]) -> list[Verdict]:
                 scope = f"the book's own {m} claims" if family == BEYOND_THE_PAPER else f"the {m} claims of {family}"
                 adjusted = dataclasses.replace(
                     adjusted, verdict=INCONCLUSIVE,
-                    reason=f"{MULTIPLICITY}: {v.label} before Holm's adjustment, adjusted p = {running:.2g} over {scope}")
+                    reason=f"{MULTIPLICITY}: {v.label} before Holm's adjustment, adjusted p = {running:.2g} "
+                           f"over {scope}")
             out[i] = adjusted
     return out
 

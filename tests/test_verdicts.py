@@ -501,7 +501,7 @@ def test_a_ranking_shows_each_step_as_holms_adjustment_leaves_it():
 def test_a_ranking_judges_each_step_with_the_look_it_is_given():
     # the second look's shape: five more seeds for both sides of a step, judged with two looks
     near = {"a": [_flat(s, 0.70 + 0.01 * (s % 2)) for s in range(5)], "b": [_flat(s, 0.70) for s in range(5)]}
-    plain, (alone,) = verdicts.ranking(near, "x")
+    _, (alone,) = verdicts.ranking(near, "x")
     looked = []
 
     def look(judge, a, b):
