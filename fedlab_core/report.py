@@ -434,13 +434,14 @@ def first_screen(table: "pd.DataFrame") -> str:
 
 
 def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, tune_seeds: Iterable[int],
-             seeds: Iterable[int], looks: int, validation_source: str = "share", converging: bool = False
-             ) -> dict[str, str]:
+             seeds: Iterable[int], looks: int, validation_source: str = "share", converging: bool = False,
+             one_class: bool | None = None) -> dict[str, str]:
     """A chapter's sentences on how its runs were tuned, budgeted and judged, from its own parameters (so the
     page reads right under every profile), for glue: ``budget_rule``, ``monitor_rule`` (``RunConfig``'s
     ``validation_monitor`` and ``validation_source``), ``tune_seeds`` (how many, which, and whether the tables
-    evaluate on them), ``tune_choice`` (``converging``: see :func:`~fedlab_core.tuning.tune`) and
-    ``second_look_rule``."""
+    evaluate on them), ``tune_choice`` (``converging``: see :func:`~fedlab_core.tuning.tune`),
+    ``second_look_rule`` and, for a chapter with one class per client (`one_class`: whether that regime is tuned
+    on its own benchmark, :func:`~fedlab_core.tuning.one_class_per_client`), ``tune_one_class``."""
     tune_seeds, seeds = sorted(tune_seeds), set(seeds)
     reused = [s for s in tune_seeds if s in seeds]
     listed = ", ".join(map(str, tune_seeds))
@@ -471,6 +472,13 @@ def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, 
                              "adjustment over its table does not, five more are added (the rule's second look)."
                              if looks > 1 else
                              "A claim whose interval straddles stays undecided (LOOKS = 1: no second look)."),
+        **({} if one_class is None else {"tune_one_class": (
+            "One class per client is tuned on its own benchmark: on clients that each hold one class, whose "
+            "validation data hold as many negatives as positives, as their test data do; a rate whose tuning runs "
+            "are degenerate (a model answering each client with its own class scores 0.5 there) is never chosen "
+            "while a sound one remains." if one_class else
+            "One class per client takes the label-skew benchmark's rates (TUNE_ONE_CLASS = True tunes that regime "
+            "on its own benchmark).")}),
     }
 
 

@@ -23,7 +23,10 @@ clients' training data (``RunConfig.validation``), never the test set. Its score
 **The one-standard-error rule** chooses: of the candidates whose mean lies within one standard error (over
 the seeds) of the best mean, the smallest rates, the more stable choice (a rate one grid step below a collapse
 scores well on one seed and collapses on the next). With one seed there is no standard error and the best
-score wins (ties: the rate closer to the paper's).
+score wins (ties: the rate closer to the paper's). A candidate with a degenerate seed (one the verdicts could not
+stand on: near chance, constant answers per client, blind to its input, collapsed; see
+:func:`~fedlab_core.verdicts.degenerate`) is never chosen while one without remains: under one class per client
+a model that answers every image with its client's class is such a run, and tuning must not pick it.
 
 **Converging rates first** (``converging=True``, absolute grid): a rate small enough to be stable may also be
 too small to finish learning in the rounds given, and its runs then cannot decide anything. So among the
@@ -79,8 +82,8 @@ class Tuning:
     ----------
     grid : one row per (method, candidate): the rates tried, the factor of the paper's rate, the validation
         score (the mean over the seeds) and its standard error (``validation_se``, NaN with one seed), whether
-        the mean validation curve converges (``converges``; absolute grid only), the seconds its runs took when
-        they ran, whether it was chosen.
+        the mean validation curve converges (``converges``; absolute grid only), why a seed is degenerate
+        (``degenerate``; "" when none is), the seconds its runs took when they ran, whether it was chosen.
     chosen : method label -> the rates it uses (``{"lr": ..., "offset_lr": ...}``).
     rounds, seeds, validation : how the candidates were run.
     absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
@@ -231,7 +234,7 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     """
     import pandas as pd
 
-    from .verdicts import score
+    from .verdicts import degenerate, score
 
     if base.lr is not None:
         raise ValueError(f"lr: a tuned benchmark leaves the rate to the tuning; got {base.lr!r}")
@@ -256,6 +259,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
                          "validation_se": float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1
                          else math.nan,
                          "converges": rates is not None and _mean_curve_converges(runs, metric),
+                         "degenerate": next((f"seed {h.config['seed']} {why}" for h in runs
+                                             if (why := degenerate(h, metric))), ""),
                          "seconds": sum(h.meta["seconds"] for h in runs)})
         frame = pd.DataFrame(rows)
         chosen = _choose(frame, converging)
@@ -286,14 +291,17 @@ def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[s
     """Per method, the one-standard-error rule: of the candidates whose mean validation score lies within one
     standard error of the best mean, the smallest learning rate, then the smallest second rate. With one seed
     (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
-    the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not. With
-    `converging`, the candidates that converge (column ``converges``) come first among those within one standard
-    error of the best."""
+    the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not, nor one with a
+    degenerate seed (column ``degenerate``: :func:`~fedlab_core.verdicts.degenerate`, e.g. a model answering each
+    client with its own class) while a candidate without one remains. With `converging`, the candidates that converge (column ``converges``) come
+    first among those within one standard error of the best."""
     import pandas as pd
 
     chosen = {}
     names = ("lr", *dict.fromkeys(n for n, _ in (*SECOND_RATES.values(), *SECOND_RATE_GRIDS.values())))
     for label, group in frame.groupby("method", sort=False):
+        sound = group[group["degenerate"] == ""] if "degenerate" in group else group
+        group = sound if len(sound) else group
         order = group.assign(distance=group["factor"].map(lambda f: abs(math.log(f))),
                              stalls=~group["converges"].astype(bool) if converging else False)
         order = order.sort_values(["validation", "distance", "lr"], ascending=[False, True, True], na_position="last")
@@ -326,8 +334,8 @@ def per_flow(algorithms: Mapping[str, Mapping[str, Any]], flows: Mapping[str, Ma
     return {flow_label((a, f)): {**changes, **flow} for a, changes in algorithms.items() for f, flow in flows.items()}
 
 
-def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda key: key
-                  ) -> tuple[dict[Any, Any], dict[Any, set[str]]]:
+def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda key: key,
+                  regimes: Mapping[str, Tuning] | None = None) -> tuple[dict[Any, Any], dict[Any, set[str]]]:
     """Apply the tuned rates to each config, except those its chapter set on purpose.
 
     Parameters
@@ -335,14 +343,20 @@ def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda k
     configs : key -> a config, or a list of configs (e.g. one per seed, as :func:`~fedlab_core.sweeps.grid`
         makes them); ``method_of(key)`` names the method in ``tuning.chosen`` (a method that was not tuned
         keeps its paper rates).
+    regimes : :func:`regime` -> the tuning of that regime: a config whose regime is here takes that tuning's
+        choice instead of `tuning`'s (e.g. one class per client tuned on its own benchmark,
+        :func:`one_class_per_client`).
 
     Returns (the configs, key -> the names of the settings that came from the tuning).
     """
+    unknown = set(regimes or {}) - set(REGIMES)
+    if unknown:
+        raise ValueError(f"regimes: unknown regime {sorted(unknown)[0]!r}; choose from {', '.join(map(repr, REGIMES))}")
     out, tuned = {}, {}
     for key, value in configs.items():
-        chosen = tuning.chosen.get(method_of(key), {})
 
         def apply(config: RunConfig) -> RunConfig:
+            chosen = (regimes or {}).get(regime(config), tuning).chosen.get(method_of(key), {})
             rates = {name: rate for name, rate in chosen.items()
                      if (config.lr is None if name == "lr" else name not in config.algorithm_params)}
             tuned[key] = set(rates)
@@ -362,6 +376,25 @@ def label_skew(model: str, num_clients: int, max_train_samples: int, max_test_sa
     return RunConfig(dataset=dataset, model=model, num_clients=num_clients, max_train_samples=max_train_samples,
                      max_test_samples=max_test_samples, partition="distrans", dh=0.8, local_epochs=local_epochs,
                      local_steps=0 if local_epochs else None, batch_size=batch_size)
+
+
+def one_class_per_client(model: str, num_clients: int, max_train_samples: int, max_test_samples: int,
+                         local_epochs: int | None, batch_size: int | None, dataset: str = "fashion_mnist") -> RunConfig:
+    """The one-class-per-client benchmark: :func:`label_skew`'s with every client holding one class (positive
+    labels). Its tuning's validation data, like its test data, hold as many negatives as positives
+    (:func:`~fedlab_core.data.federation.hold_out`), so a model answering every image with its client's class
+    scores 0.5 there and is degenerate (:func:`tune` passes over it)."""
+    return label_skew(model, num_clients, max_train_samples, max_test_samples, local_epochs, batch_size,
+                      dataset).replace(partition="one_class", dh=None)
+
+
+REGIMES = ("label skew", "feature skew", "one class per client")   # the regimes a tuning is per
+
+
+def regime(config: RunConfig) -> str:
+    """The regime of :data:`REGIMES` a config's split belongs to: one class per client (scheme ``one_class``),
+    feature skew (the domain split), else label skew."""
+    return {"one_class": "one class per client", "domain": "feature skew"}.get(config.partition, "label skew")
 
 
 def feature_skew(model: str, samples_per_domain: int, test_per_domain: int, local_epochs: int | None,

@@ -36,8 +36,8 @@ EVIDENCE = sorted(stem for stem, profiles in PROFILES.items() if "evidence" in p
 @pytest.mark.parametrize("stem", EVIDENCE)
 def test_the_evidence_profiles_hold_the_design(stem):
     # the design the archive is recomputed under, chapter by chapter: one budget for both arms, convergence read on
-    # validation data, tuning on seeds never evaluated (the second look's too) at the evaluation horizon, converging
-    # rates first, and the second look
+    # validation data, tuning on seeds never evaluated (the second look's too) at the evaluation horizon, per regime,
+    # converging rates first, and the second look
     p = book.profile_parameters(PROFILES, stem, "evidence")
     assert p.get("STOP_AT_PLATEAU", False) is False
     if "VALIDATION_MONITOR" in p:   # the tuning chapter runs only tuning runs, scored on their held-out share
@@ -49,6 +49,7 @@ def test_the_evidence_profiles_hold_the_design(stem):
         assert p["TUNE_CONVERGING"] is True
         assert p["TUNE_ROUNDS"] == p.get("NUM_ROUNDS", p["TUNE_ROUNDS"])
         assert p.get("TEN_TUNE_ROUNDS") == p.get("TEN_NUM_ROUNDS")
+        assert p.get("TUNE_ONE_CLASS", True) is True   # a page with one class per client tunes on that regime
 
 
 def test_every_chapter_that_judges_runs_has_an_evidence_profile():

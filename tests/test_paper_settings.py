@@ -350,6 +350,39 @@ def test_near_the_best_the_rule_prefers_rates_that_converge_at_the_horizon(monke
         tune(tiny.replace(lr=None), methods, rounds=10, converging=True)
 
 
+def test_the_tuning_never_picks_a_rate_whose_runs_are_degenerate_while_a_sound_one_remains(monkeypatch, tiny):
+    # lr 0.1 scores best on every seed, but there every client answers with its own class: each client scores
+    # the same at every evaluation (the one-class shortcut, on validation data without negatives). The rule passes
+    # over it to the best sound rate, 0.03, and the grid says why; were every rate degenerate, the plain rule's
+    # choice would stand.
+    from fedlab_core import tuning as tuning_module
+
+    means = {0.01: 0.55, 0.03: 0.60, 0.1: 0.64}
+    shortcut = {0.1}
+
+    def fake(configs, **kwargs):
+        out = []
+        for c in configs:
+            constant = c.lr in shortcut
+            value = means[c.lr] + (0.3 if constant else 0.002 * (c.seed - 101))
+            rows = [{"round": r, "mean_client_accuracy": value if constant else value - 0.01 * (10 - r) / 10,
+                     "client_accuracy": [value] * 4 if constant else [value - 0.01 * i for i in range(4)]}
+                    for r in range(1, 11)]
+            out.append(History(c.to_dict(), rows, {"mean_client_accuracy": rows[-1]["mean_client_accuracy"]},
+                               {"seconds": 1.0}))
+        return out
+    monkeypatch.setattr(tuning_module, "sweep", fake)
+    kwargs = dict(rounds=10, rates=(0.01, 0.03, 0.1), seeds=SEEDS, widen=0)
+    t = tune(tiny.replace(lr=None), {"fedavg": {}}, **kwargs)
+    grid = t.grid.set_index("lr")
+    assert grid["validation"].idxmax() == 0.1                                        # the shortcut scores best
+    assert grid.loc[0.1, "degenerate"].startswith(f"seed {SEEDS[0]} predicts a constant per client")
+    assert (grid.loc[[0.01, 0.03], "degenerate"] == "").all()
+    assert t.chosen["fedavg"]["lr"] == 0.03
+    shortcut.update({0.01, 0.03})                                                  # every rate degenerate
+    assert tune(tiny.replace(lr=None), {"fedavg": {}}, **kwargs).chosen["fedavg"]["lr"] == 0.1
+
+
 def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(monkeypatch, tiny):
     _scored_by(monkeypatch, lambda c: -abs(math.log10(c.lr / 3.0)))      # best at lr 3, far above the grid
     t = tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, rates=(0.01, 0.03, 0.1), widen=2)
@@ -430,6 +463,34 @@ def test_precedence_chapter_then_tuned_then_paper():
     assert table.loc["moon", "optimiser"] == "sgd, momentum 0.9, weight decay 1e-05 (paper)"
     assert table.loc["distrans", "method parameters"] == "offset_lr=0.01 (tuned)"
     assert table.loc["fedavg", "method parameters"] == "paper defaults"
+
+
+
+def test_one_class_per_client_takes_the_tuning_of_its_own_regime_where_it_has_one():
+    import pandas as pd
+
+    from fedlab_core.tuning import one_class_per_client, regime
+
+    label = Tuning(pd.DataFrame(), {"distrans": {"lr": 0.01, "offset_lr": 10.0}, "fedavg": {"lr": 0.03}}, 5, (100,), 0.2)
+    positives = Tuning(pd.DataFrame(), {"distrans": {"lr": 0.03, "offset_lr": 0.1}, "fedaws": {"lr": 0.1}}, 5, (100,),
+                       0.2)
+    bench = one_class_per_client("lenet5_bn", 10, 2000, 2000, 1, 32)
+    assert bench.partition == "one_class" and bench.dh is None and bench.lr is None and bench.local_epochs == 1
+    assert [regime(c) for c in (bench, bench.replace(partition="distrans", dh=0.8),
+                                RunConfig(dataset="fashion_mnist_domains", partition="domain", num_clients=5))] \
+        == ["one class per client", "label skew", "feature skew"]
+    configs = {(m, level): RunConfig(algorithm=m, **split) for m in ("distrans", "fedavg", "fedaws")
+               for level, split in (("80%", dict(partition="distrans", dh=0.8)), ("100%", dict(partition="one_class")))}
+    out, tuned = tuned_configs(configs, label, method_of=lambda key: key[0],
+                               regimes={"one class per client": positives})
+    assert out[("distrans", "80%")].algorithm_params == {"offset_lr": 10.0}           # label skew: its own tuning
+    assert out[("distrans", "100%")].lr == 0.03 and out[("distrans", "100%")].algorithm_params == {"offset_lr": 0.1}
+    assert out[("fedaws", "100%")].lr == 0.1 and tuned[("fedaws", "100%")] == {"lr"}  # tuned where it applies
+    assert out[("fedavg", "100%")].lr is None and tuned[("fedavg", "100%")] == set()  # not in that tuning: paper's
+    plain, _ = tuned_configs(configs, label, method_of=lambda key: key[0])             # no regime of its own
+    assert plain[("distrans", "100%")].algorithm_params == {"offset_lr": 10.0}
+    with pytest.raises(ValueError, match="^regimes: unknown regime 'one class'"):
+        tuned_configs(configs, label, regimes={"one class": positives})
 
 
 # ----------------------------------------------------------------------------------- the fixes

@@ -284,3 +284,9 @@ def test_the_protocol_sentences_follow_each_parameter():
                                       "validation curves over the seeds passes the convergence test) come first, then "
                                       "the smallest")
     assert report.protocol(90, False, 0.1, [100], range(5), 2, converging=True)["tune_choice"] == earlier["tune_choice"]
+    # a chapter with one class per client says where that regime's rates come from; the others say nothing of it
+    own = report.protocol(90, False, 1.0, [100, 101, 102], range(5), 2, one_class=True)["tune_one_class"]
+    assert own.startswith("One class per client is tuned on its own benchmark") and "degenerate" in own
+    assert report.protocol(90, False, 1.0, [100, 101, 102], range(5), 2, one_class=False)["tune_one_class"] == (
+        "One class per client takes the label-skew benchmark's rates (TUNE_ONE_CLASS = True tunes that regime on its "
+        "own benchmark).")
