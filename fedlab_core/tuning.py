@@ -293,8 +293,8 @@ def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[s
     (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
     the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not, nor one with a
     degenerate seed (column ``degenerate``: :func:`~fedlab_core.verdicts.degenerate`, e.g. a model answering each
-    client with its own class) while a candidate without one remains. With `converging`, the candidates that converge (column ``converges``) come
-    first among those within one standard error of the best."""
+    client with its own class) while a candidate without one remains. With `converging`, the candidates that
+    converge (column ``converges``) come first among those within one standard error of the best."""
     import pandas as pd
 
     chosen = {}
