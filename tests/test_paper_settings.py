@@ -436,6 +436,7 @@ def test_ties_go_to_the_rate_nearest_the_papers(monkeypatch, tiny):
     def same_score(configs, **kwargs):
         class H:
             final = {"mean_client_accuracy": 0.5}
+            rounds = []
             meta = {"seconds": 1.0}
         return [H() for _ in configs]
     monkeypatch.setattr(tuning_module, "sweep", same_score)
