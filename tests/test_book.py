@@ -207,6 +207,7 @@ def test_smoke_baselines_headline_numbers(smoke_book):
     assert glue["runs_total"] == glue["num_groups"] * len(params["SEEDS"])
     assert 0 <= glue["runs_capped"] <= glue["runs_total"]
     assert 0.0 <= glue["fedaws_client"] <= 1.0 and 0.0 <= glue["fedavg_one_class_client"] <= 1.0
+    assert params["TUNE_ONE_CLASS"] is True and glue["fedaws_rate"].startswith("both tuned on one class per client")
     # one hypernetwork step per client and round: ten clients on the label-skew setting, five on feature skew
     assert glue["pfedhn_steps_max"] == params["NUM_ROUNDS"] * params["NUM_CLIENTS"]
     assert glue["pfedhn_steps_min"] == params["NUM_ROUNDS"] * 5
@@ -245,6 +246,10 @@ def test_smoke_distrans_headline_numbers(smoke_book):
         assert 0.0 <= glue[name] <= 1.0
     # the gap is to the best rival, so it can be no larger than the gap to FedAwS
     assert glue["gap_100%"] <= glue["distrans_dh100"] - glue["fedaws_dh100"] + 1e-9
+    # the smoke profile tunes one class per client on its own benchmark: DH 100%, FedAwS too, take that tuning
+    assert params["TUNE_ONE_CLASS"] is True and glue["tune_one_class"].startswith("One class per client is tuned on")
+    assert glue["one_class_tuned_at"] == "the tuning's choice on one class per client itself"
+    assert glue["fedaws_rate"] == "the one-class tuning tunes it like every other method"
 
 
 def test_smoke_distrans_ablations_headline_numbers(smoke_book):
