@@ -6,7 +6,8 @@ local epoch, momentum 0.9, every client sampled. Three measurements, each printe
 
 1. clients batched: the local training of one round (the engine's ``train_seconds``, the fastest of rounds 2 to
    ``--rounds``; round 1 warms the GPU up), for K clients sharing ``--train`` images: the batched executor on the
-   GPU against the loop on the GPU, and against the loop on the CPU with one worker process per core;
+   GPU against the loop on the GPU, and against the loop on the CPU with one worker process per core; on a GPU
+   also the batched steps launched eagerly, not replayed as a CUDA graph;
 2. runs batched: a tuning grid (5 rates x 5 seeds, ``--grid-clients`` clients, ``--rounds`` rounds, evaluated
    after the last), whole runs from their configs to their histories: trained together on the GPU
    (:func:`fedlab_core.runs.run_many`) against the loop on the GPU one run after another, and against a sweep
@@ -19,12 +20,13 @@ No test asserts on these numbers. Usage: ``python benchmarks/gpu.py [--train 600
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
 import torch
 
-from fedlab_core import RunConfig, run, sweep
+from fedlab_core import RunConfig, batched, run, sweep
 from fedlab_core.kernels import deterministic
 from fedlab_core.runs import build, resolve_device, run_many
 
@@ -46,6 +48,17 @@ def round_seconds(config: RunConfig, device: torch.device, workers: int = 1) -> 
         state = sim.run()
     seconds = min(row["train_seconds"] for row in state.rows[1:])
     return seconds, state.rows[-1]["global_accuracy"], sum(c.num_train for c in sim.federation.clients)
+
+
+@contextlib.contextmanager
+def graphs(on: bool):
+    """The batched executor's steps replayed as CUDA graphs (its default) or launched eagerly."""
+    held = batched.GRAPHS.get("cuda", False)
+    batched.GRAPHS["cuda"] = on
+    try:
+        yield
+    finally:
+        batched.GRAPHS["cuda"] = held
 
 
 def wall(fn) -> float:
@@ -95,6 +108,10 @@ def clients(args, device: torch.device, cpu: torch.device) -> None:
         accuracy[k] = (acc_loop, acc_batched)
         line = (f"K={k:<5d} {images} images  loop {images / loop:9,.0f}/s  batched {images / batched:9,.0f}/s  "
                 f"batched/loop {loop / batched:6.1f}x")
+        if device.type == "cuda":  # the same steps launched one by one, not replayed as a CUDA graph
+            with graphs(False):
+                eager, _, _ = round_seconds(config.replace(executor="batched"), device)
+            line += f"  (its steps launched eagerly {images / eager:9,.0f}/s: the graph {eager / batched:4.1f}x)"
         if args.cores:
             cores, _, _ = round_seconds(config.replace(executor="loop"), cpu, workers=args.cores)
             line += f"  {args.cores} CPU cores {images / cores:9,.0f}/s  batched/cores {cores / batched:6.1f}x"

@@ -64,6 +64,8 @@ CHUNK = {"cpu": 32, "cuda": 1024}
 # On a CPU they do already (measured: runs trained together are the runs trained alone, bit for bit), so a
 # step maps the clients it has.
 WIDTH = {"cuda": 128}
+# On a GPU a mapped step is captured once as a CUDA graph and replayed (:func:`_steps`); False: launched eagerly
+GRAPHS = {"cuda": True}
 PAD_LOGIT = -1e4  # a padding sample's logits: 0 at its label, this elsewhere (its cross-entropy is exactly 0)
 
 
@@ -331,6 +333,53 @@ def _stacked(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], size: int) 
     return x.view(*shape, *x0.shape[1:]), y.view(*shape, *y0.shape[1:]), real.view(shape)
 
 
+def _steps(step, carry: tuple[dict[str, torch.Tensor], ...], context: dict[str, torch.Tensor],
+           data: tuple[torch.Tensor, ...], width: int, graphed: bool) -> torch.Tensor:
+    """Take a mapped program's steps: `data` (x, y, real, live) holds its `n` real clients' batches step by step
+    (clients, steps, ...); each step copies its slice into `width` slots (the padding clients' rows stay empty:
+    no sample, no step) and updates the carried (parameters, optimiser state, buffers), stacked over the `width`
+    clients, in place. Returns each client's summed loss. `graphed`: the step, the same kernels on the same
+    addresses every time, is captured once as a CUDA graph and replayed (a step launches hundreds of small kernels,
+    whose launches cost more than their arithmetic); the capture's warm-up steps have no live client, so they
+    change nothing (a client without a batch keeps its parameters, state and buffers, and adds nothing to its
+    loss)."""
+    n, steps = data[0].shape[:2]
+    slots = [t.new_zeros((width, *t.shape[2:])) for t in data]
+    total = torch.zeros(width, device=data[0].device)
+
+    def advance():
+        new = step(*carry, context, *slots)
+        with torch.no_grad():
+            for old, values in zip(carry, new):
+                for k, v in values.items():
+                    old[k].copy_(v)
+            total.add_(new[-1])
+
+    if graphed:
+        advance = _captured(advance)
+    for s in range(steps):
+        for slot, t in zip(slots, data):
+            slot[:n].copy_(t[:, s])
+        advance()
+    return total
+
+
+def _captured(fn, warmup: int = 2):
+    """`fn` (no arguments, reading and writing only tensors whose addresses stay put) captured as a CUDA graph
+    after `warmup` eager calls on a side stream (cuBLAS's and autograd's lazy set-up happens outside the
+    capture); returns the graph's replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
            contexts: list[dict[str, torch.Tensor]], batches: list[list[tuple[torch.Tensor, torch.Tensor]]]
            ) -> tuple[list[dict[str, torch.Tensor]], list[torch.Tensor]]:
@@ -351,22 +400,18 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         n = len(call)
         x, y, real = _stacked([batches[c] for c in call], size)
         live = real.any(-1)
-        # the padding clients up to the width: no sample, so no step (padded step by step, so as to hold only
-        # one step of their empty batches)
-        zeros = [t.new_zeros((WIDTH.get(device.type, n) - n, *t.shape[2:])) for t in (x, y, real, live)]
-        call = call + call[:1] * len(zeros[0])
+        # the padding clients up to the width, copies of the first with no sample, so no step (:func:`_steps`
+        # pads step by step, so as to hold only one step of their empty batches)
+        call = call + call[:1] * (WIDTH.get(device.type, n) - n)
         rates = _rates(algorithms[call[0]])
         params = {k: torch.stack([starts[c][k] for c in call]) for k in names}
         buffers = {k: torch.stack([starts[c][k] for c in call]) for k in buffer_names}
         state = {**_optimiser_state(rates[0], rates[2], params),
                  **{k: torch.stack([starts[c][k] for c in call]) for k in starts[call[0]] if k.startswith("input.")}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
-        total = torch.zeros(len(call), device=device)
         step = _stepper(first, names, *rates)
-        for s in range(x.shape[1]):
-            at_s = [torch.cat([t[:, s], z]) if len(z) else t[:, s] for t, z in zip((x, y, real, live), zeros)]
-            params, state, buffers, loss = step(params, state, buffers, context, *at_s)
-            total += loss
+        total = _steps(step, (params, state, buffers), context, (x, y, real, live), len(call),
+                       GRAPHS.get(device.type, False))
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}
             trained[c].update({k: v[j] for k, v in state.items() if k.startswith("input.")})

@@ -1,5 +1,6 @@
 """On a CUDA GPU (skipped without one): two runs of one config give the same bits, with either executor and every
-kind of batched step, and say which kernels computed them; "auto" batches the clients where the method allows it; runs trained together are
+kind of batched step, and say which kernels computed them; a batched step replayed as a CUDA graph is the step
+launched eagerly; "auto" batches the clients where the method allows it; runs trained together are
 the runs trained alone; a CPU run with worker processes after CUDA training in the same process succeeds.
 
 Self-contained (no fixture of conftest.py), so that ``pytest --noconftest tests/test_cuda.py`` runs on a GPU
@@ -10,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from fedlab_core import RunConfig, run
+from fedlab_core import RunConfig, batched, run
 from fedlab_core.runs import run_many
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -74,3 +75,14 @@ def test_every_kind_of_batched_step_is_bit_identical_and_its_runs_together_are_a
 def test_a_cpu_run_with_workers_after_cuda_training_succeeds():
     done = subprocess.run([sys.executable, "-c", AFTER_CUDA], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("algorithm,changes", [("fedavg", {}), ("fedavg", {"optimizer": "adam", "lr": 0.001}),
+                                               ("moon", {}), ("distrans", {}), ("scaffold", {}),
+                                               ("fedbn", {"model": "lenet5_bn"})], ids=str)
+def test_steps_replayed_as_a_cuda_graph_are_the_steps_launched_eagerly(algorithm, changes, monkeypatch):
+    config = CASE.replace(algorithm=algorithm, num_rounds=2, executor="batched", **changes)
+    graphed = run(config, use_cache=False, device="cuda", progress=False)
+    monkeypatch.setitem(batched.GRAPHS, "cuda", False)
+    eager = run(config, use_cache=False, device="cuda", progress=False)
+    assert graphed.meta["executor"] == "batched" and _numbers(graphed) == _numbers(eager)
