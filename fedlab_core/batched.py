@@ -12,7 +12,7 @@ start, the loss, the gradient correction and the upload are the algorithm's own.
 
 What matches the loop: each client draws its mini-batches with :meth:`Algorithm.batches` (and its training
 transform) from its own generator, in the loop's order, so its batches are the loop's batches. The clients of
-a chunk with the same rates step together, longest first, one mapped step per batch position: a batch
+a chunk with the same kind of optimiser step together, each at its own rates, longest first, one mapped step per batch position: a batch
 shorter than the others (a pass's last) is padded with samples whose logits are replaced by constants of zero
 cross-entropy and no gradient, and its loss and gradients are rescaled from the padded size to its real
 samples (by exactly 1 for a full batch); a client that has run out of batches (unequal shards) steps with no
@@ -25,7 +25,7 @@ relative), so a run's :class:`~fedlab_core.runs.RunConfig` says which executor i
 apart. Batched runs are deterministic: the same run gives the same bits.
 
 Runs trained together (:func:`fedlab_core.engine.run_together`): the clients of several runs, a grid's rates and
-seeds, step together too, grouped by their run's rates; each run's numbers are those it has alone (on a GPU
+seeds, step together too, each client at its run's rates; each run's numbers are those it has alone (on a GPU
 because each mapped step holds a fixed :data:`WIDTH` of clients).
 
 Inputs a client trains beside the model (:meth:`Algorithm.trained_inputs`: DisTrans's offset) are carried
@@ -224,16 +224,20 @@ def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list
     return out
 
 
-def _rates(algorithm: Algorithm) -> tuple[str, float, float, float]:
-    """The local optimiser and its rates: what may differ between the runs trained together."""
+RATES = ("lr", "momentum", "weight_decay")  # the local training's rates, which may differ between runs together
+
+
+def _kind(algorithm: Algorithm) -> tuple[str, bool, bool]:
+    """The local optimiser, and whether it has momentum and weight decay: the clients of one mapped program share
+    these; their rates (:data:`RATES`) are each client's own, stacked like its parameters."""
     t = algorithm.training
-    return t.optimizer, t.lr, t.momentum, t.weight_decay
+    return t.optimizer, bool(t.momentum), bool(t.weight_decay)
 
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which Algorithm.make_optimizer keeps
 
 
-def _optimiser_state(optimizer: str, momentum: float, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _optimiser_state(optimizer: str, momentum: bool, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The optimiser's state at a local update's start, stacked like `params`: SGD's momentum buffers (none
     without momentum), Adam's moving averages and its step count (float64, as the bias corrections use it)."""
     zeros = {n: torch.zeros_like(v) for n, v in params.items()}
@@ -245,10 +249,11 @@ def _optimiser_state(optimizer: str, momentum: float, params: dict[str, torch.Te
     return {f"m.{n}": v for n, v in zeros.items()} if momentum else {}
 
 
-def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, momentum: float, weight_decay: float):
+def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: bool, weight_decay: bool):
     """One client's optimiser step (torch.optim.SGD's or Adam's arithmetic), mapped over clients: (parameters,
-    optimiser state, buffers, correction context, x, y, which samples are real, whether the client has a batch
-    at all) stacked by client, to new parameters, optimiser state, buffers and losses. A padded batch's loss and
+    optimiser state, buffers, correction context, rates (:data:`RATES`, float64), x, y, which samples are real,
+    whether the client has a batch at all) stacked by client, to new parameters, optimiser state, buffers and
+    losses. The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss and
     gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
     client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to
     its loss."""
@@ -259,7 +264,8 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, 
 
     input_rates, joint = algorithm.trained_inputs()
 
-    def step(p, o, b, context, x, y, real, live):
+    def step(p, o, b, context, rates, x, y, real, live):
+        lr = rates["lr"]
         entries = {f"frozen.{k}": v for k, v in context.items() if k.startswith(frozen)} if frozen else {}
         scale = real.numel() / real.sum().clamp(min=1)
 
@@ -289,7 +295,7 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, 
         for n in names:
             g = grads[n]
             if weight_decay:
-                g = g.add(p[n], alpha=weight_decay)
+                g = torch.addcmul(g, p[n], rates["weight_decay"].float())  # g.add(p, alpha=wd)'s bits
             if optimizer == "adam":
                 m, v = torch.lerp(o[f"m.{n}"], g, 1 - beta1), o[f"v.{n}"].mul(beta2).addcmul(g, g, value=1 - beta2)
                 new_o[f"m.{n}"], new_o[f"v.{n}"] = (torch.where(live, m, o[f"m.{n}"]),
@@ -297,22 +303,23 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, lr: float, 
                 new_p[n] = torch.where(live, p[n] + (-step_size * m) / (v.sqrt() / root).add(ADAM_EPS), p[n])
                 continue
             if momentum:  # the buffer starts at zero: its first step is the gradient, as SGD's clone is
-                new_o[f"m.{n}"] = torch.where(live, (o[f"m.{n}"] * momentum).add(g), o[f"m.{n}"])
+                new_o[f"m.{n}"] = torch.where(live, (o[f"m.{n}"] * rates["momentum"].float()).add(g), o[f"m.{n}"])
                 g = new_o[f"m.{n}"]
-            new_p[n] = torch.where(live, p[n].add(g, alpha=-lr), p[n])
+            new_p[n] = torch.where(live, torch.addcmul(p[n], g, -lr.float()), p[n])  # p.add(g, alpha=-lr)'s
         return new_p, new_o, {**b, **new_b}, torch.where(live, loss * scale, 0.0)
 
     return vmap(step)
 
 
 def _calls(algorithms: list[Algorithm], batches: list[list], device: torch.device) -> list[list[int]]:
-    """The clients grouped into mapped programs: by their run's rates, longest first (so that clients of similar
-    lengths step together and few steps are padding), at most :data:`WIDTH` (on a GPU) or all together."""
+    """The clients grouped into mapped programs: by their optimiser's kind (:func:`_kind`; a grid's rates step
+    together), longest first (so that clients of similar lengths step together and few steps are padding), at most
+    :data:`WIDTH` (on a GPU) or all together."""
     width = WIDTH.get(device.type)
-    by_rates: dict[tuple, list[int]] = {}
+    by_kind: dict[tuple, list[int]] = {}
     for c in sorted(range(len(batches)), key=lambda c: -len(batches[c])):
-        by_rates.setdefault(_rates(algorithms[c]), []).append(c)
-    return [group[i:i + (width or len(group))] for group in by_rates.values()
+        by_kind.setdefault(_kind(algorithms[c]), []).append(c)
+    return [group[i:i + (width or len(group))] for group in by_kind.values()
             for i in range(0, len(group), width or len(group))]
 
 
@@ -333,12 +340,12 @@ def _stacked(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], size: int) 
     return x.view(*shape, *x0.shape[1:]), y.view(*shape, *y0.shape[1:]), real.view(shape)
 
 
-def _steps(step, carry: tuple[dict[str, torch.Tensor], ...], context: dict[str, torch.Tensor],
+def _steps(step, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[str, torch.Tensor], ...],
            data: tuple[torch.Tensor, ...], width: int, graphed: bool) -> torch.Tensor:
     """Take a mapped program's steps: `data` (x, y, real, live) holds its `n` real clients' batches step by step
     (clients, steps, ...); each step copies its slice into `width` slots (the padding clients' rows stay empty:
     no sample, no step) and updates the carried (parameters, optimiser state, buffers), stacked over the `width`
-    clients, in place. Returns each client's summed loss. `graphed`: the step, the same kernels on the same
+    clients, in place, reading the `fixed` (the correction context, the rates). Returns each client's summed loss. `graphed`: the step, the same kernels on the same
     addresses every time, is captured once as a CUDA graph and replayed (a step launches hundreds of small kernels,
     whose launches cost more than their arithmetic); the capture's warm-up steps have no live client, so they
     change nothing (a client without a batch keeps its parameters, state and buffers, and adds nothing to its
@@ -348,7 +355,7 @@ def _steps(step, carry: tuple[dict[str, torch.Tensor], ...], context: dict[str, 
     total = torch.zeros(width, device=data[0].device)
 
     def advance():
-        new = step(*carry, context, *slots)
+        new = step(*carry, *fixed, *slots)
         with torch.no_grad():
             for old, values in zip(carry, new):
                 for k, v in values.items():
@@ -403,14 +410,16 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         # the padding clients up to the width, copies of the first with no sample, so no step (:func:`_steps`
         # pads step by step, so as to hold only one step of their empty batches)
         call = call + call[:1] * (WIDTH.get(device.type, n) - n)
-        rates = _rates(algorithms[call[0]])
+        kind = _kind(algorithms[call[0]])
         params = {k: torch.stack([starts[c][k] for c in call]) for k in names}
         buffers = {k: torch.stack([starts[c][k] for c in call]) for k in buffer_names}
-        state = {**_optimiser_state(rates[0], rates[2], params),
+        rates = {k: torch.tensor([float(getattr(algorithms[c].training, k) or 0.0) for c in call],
+                                 dtype=torch.float64, device=device) for k in RATES}
+        state = {**_optimiser_state(kind[0], kind[1], params),
                  **{k: torch.stack([starts[c][k] for c in call]) for k in starts[call[0]] if k.startswith("input.")}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
-        step = _stepper(first, names, *rates)
-        total = _steps(step, (params, state, buffers), context, (x, y, real, live), len(call),
+        step = _stepper(first, names, *kind)
+        total = _steps(step, (params, state, buffers), (context, rates), (x, y, real, live), len(call),
                        GRAPHS.get(device.type, False))
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}
