@@ -12,7 +12,8 @@ local epoch, momentum 0.9, every client sampled. Three measurements, each printe
    after the last), whole runs from their configs to their histories: trained together on the GPU
    (:func:`fedlab_core.runs.run_many`) against the loop on the GPU one run after another, and against a sweep
    on the CPU cores (one run per core, as the book computes on a CPU);
-3. agreement: the global accuracy after ``--rounds`` rounds, loop against batched on the GPU, at the largest K.
+3. agreement: the global accuracy after ``--rounds`` rounds, loop against batched on the GPU, at every K (at
+   K = 100 on 20,000 images both sit at chance after 3 rounds: it compares something where the runs have learned).
 
 No test asserts on these numbers. Usage: ``python benchmarks/gpu.py [--train 60000] [--clients 10 100 1000]``;
 ``--device cpu`` runs the same script on a CPU (to check it, not to measure).
@@ -97,7 +98,7 @@ def main() -> None:
 
 
 def clients(args, device: torch.device, cpu: torch.device) -> None:
-    """Measurements 1 and 3: one round's local training, K clients; the accuracy at the largest K."""
+    """Measurements 1 and 3: one round's local training, K clients; the accuracies at every K."""
     print("\n1. one round's local training, K clients sharing "
           f"up to {args.train} images (samples/s; ratios: batched against each)", flush=True)
     accuracy = {}
@@ -117,9 +118,8 @@ def clients(args, device: torch.device, cpu: torch.device) -> None:
             line += f"  {args.cores} CPU cores {images / cores:9,.0f}/s  batched/cores {cores / batched:6.1f}x"
         print(line, flush=True)
 
-    k = max(args.clients)
-    print(f"\n3. global accuracy after {args.rounds} rounds at K={k}: loop {accuracy[k][0]:.4f}, "
-          f"batched {accuracy[k][1]:.4f}", flush=True)
+    print(f"\n3. global accuracy after {args.rounds} rounds: " + "; ".join(
+        f"K={k}: loop {loop:.4f}, batched {batched:.4f}" for k, (loop, batched) in accuracy.items()), flush=True)
 
 
 def grid(args, device: torch.device) -> None:
