@@ -22,7 +22,9 @@ clients: 23 steps, where grouping the clients by batch shape at each step took 5
 summed step by step in the loop's order. Only the floats differ: vectorised kernels may sum in another order
 than the loop's (on a CPU, LeNet-5's parameters agree to about 1e-7 after a few rounds, the losses to about 1e-7
 relative), so a run's :class:`~fedlab_core.runs.RunConfig` says which executor it used and the key tells them
-apart. Batched runs are deterministic: the same run gives the same bits.
+apart. Batched runs are deterministic: the same run gives the same bits. On a GPU a program's step is captured
+once as a CUDA graph and replayed for each batch position (:func:`_steps`): the same kernels, so the same bits as
+launching them one by one, without the launches' cost.
 
 Runs trained together (:func:`fedlab_core.engine.run_together`): the clients of several runs, a grid's rates and
 seeds, step together too, each client at its run's rates; each run's numbers are those it has alone (on a GPU
