@@ -4,6 +4,7 @@ resume from a checkpoint to the same numbers; a run it cannot train falls back t
 a bad `executor` is refused in one line."""
 import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -227,14 +228,23 @@ GRID = [CASE.replace(executor="batched", seed=seed, lr=lr) for seed in (0, 1) fo
 
 
 def test_runs_trained_together_are_the_runs_trained_alone(tmp_path):
-    together = run_many(GRID + [CASE.replace(executor="batched", algorithm="fedprox", algorithm_params={"mu": 0.1})],
+    grid = GRID + [GRID[0].replace(momentum=0.5, weight_decay=1e-2)]  # its rates in the same program
+    together = run_many(grid + [CASE.replace(executor="batched", algorithm="fedprox", algorithm_params={"mu": 0.1})],
                         cache_dir=tmp_path, progress=False)
-    for config, history in zip(GRID, together):
+    for config, history in zip(grid, together):
         alone = run(config, use_cache=False, progress=False, workers=1)
-        assert _numbers(history.rounds) == _numbers(alone.rounds), (config.seed, config.lr)
-        assert history.meta["trained_together"] == len(GRID) and history.meta["executor"] == "batched"
+        assert _numbers(history.rounds) == _numbers(alone.rounds), (config.seed, config.lr, config.momentum)
+        assert history.meta["trained_together"] == len(grid) and history.meta["executor"] == "batched"
     assert together[-1].meta["trained_together"] == 1  # another method: a group of its own
     assert run_many(GRID, cache_dir=tmp_path)[1].meta["key"] == together[1].meta["key"]  # read back, not re-run
+
+
+def test_a_grids_rates_step_in_one_program_and_another_optimiser_kind_in_its_own():
+    kinds = [("sgd", 0.02, 0.9, 1e-3), ("sgd", 0.05, 0.5, 1e-2), ("sgd", 0.1, 0.0, None), ("adam", 0.001, None, None)]
+    algorithms = [SimpleNamespace(training=SimpleNamespace(optimizer=o, lr=lr, momentum=m, weight_decay=wd))
+                  for o, lr, m, wd in kinds]
+    # longest first within each program; no momentum, or Adam, is another program
+    assert batched._calls(algorithms, [[0] * 2, [0] * 3, [0], [0]], CPU) == [[1, 0], [2], [3]]
 
 
 @pytest.mark.parametrize("algorithm", ["moon", "distrans"])  # their initialisation draws: MOON's head, the offsets
