@@ -11,20 +11,20 @@ with the run's momentum and weight decay, or Adam, written functionally. Nothing
 start, the loss, the gradient correction and the upload are the algorithm's own.
 
 What matches the loop: each client draws its mini-batches with :meth:`Algorithm.batches` (and its training
-transform) from its own generator, in the loop's order, so its batches are the loop's batches. The clients of
-a chunk with the same kind of optimiser step together, each at its own rates, longest first, one mapped step per batch position: a batch
-shorter than the others (a pass's last) is padded with samples whose logits are replaced by constants of zero
-cross-entropy and no gradient, and its loss and gradients are rescaled from the padded size to its real
-samples (by exactly 1 for a full batch); a client that has run out of batches (unequal shards) steps with no
-sample, and keeps its parameters and momentum (weight decay included) and its loss. So a round is as many
-mapped steps as its longest client has batches (FedAvg on 30,000 Fashion-MNIST images over 100 Dirichlet(0.5)
-clients: 23 steps, where grouping the clients by batch shape at each step took 514). Each client's mean loss is
-summed step by step in the loop's order. Only the floats differ: vectorised kernels may sum in another order
-than the loop's (on a CPU, LeNet-5's parameters agree to about 1e-7 after a few rounds, the losses to about 1e-7
-relative), so a run's :class:`~fedlab_core.runs.RunConfig` says which executor it used and the key tells them
-apart. Batched runs are deterministic: the same run gives the same bits. On a GPU a program's step is captured
-once as a CUDA graph and replayed for each batch position (:func:`_steps`): the same kernels, so the same bits as
-launching them one by one, without the launches' cost.
+transform) from its own generator, in the loop's order, so its batches are the loop's batches. The clients of a
+chunk with the same kind of optimiser step together, each at its own rates, longest first, one mapped step per
+batch position: a batch shorter than the others (a pass's last) is padded with samples whose logits are replaced by
+constants of zero cross-entropy and no gradient, and its loss and gradients are rescaled from the padded size to
+its real samples (by exactly 1 for a full batch); a client that has run out of batches (unequal shards) steps with
+no sample, and keeps its parameters and momentum (weight decay included) and its loss. So a round is as many mapped
+steps as its longest client has batches (FedAvg on 30,000 Fashion-MNIST images over 100 Dirichlet(0.5) clients: 23
+steps, where grouping the clients by batch shape at each step took 514). Each client's mean loss is summed step by
+step in the loop's order. Only the floats differ: vectorised kernels may sum in another order than the loop's (on a
+CPU, LeNet-5's parameters agree to about 1e-7 after a few rounds, the losses to about 1e-7 relative), so a run's
+:class:`~fedlab_core.runs.RunConfig` says which executor it used and the key tells them apart. Batched runs are
+deterministic: the same run gives the same bits. On a GPU a program's step is captured once as a CUDA graph and
+replayed for each batch position (:func:`_steps`): the same kernels, so the same bits as launching them one by one,
+without the launches' cost.
 
 Runs trained together (:func:`fedlab_core.engine.run_together`): the clients of several runs, a grid's rates and
 seeds, step together too, each client at its run's rates; each run's numbers are those it has alone (on a GPU
@@ -255,10 +255,10 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
     """One client's optimiser step (torch.optim.SGD's or Adam's arithmetic), mapped over clients: (parameters,
     optimiser state, buffers, correction context, rates (:data:`RATES`, float64), x, y, which samples are real,
     whether the client has a batch at all) stacked by client, to new parameters, optimiser state, buffers and
-    losses. The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss and
-    gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
-    client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to
-    its loss."""
+    losses. The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss
+    and gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
+    client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to its
+    loss."""
     loss_module = _Loss(algorithm)
     beta1, beta2 = ADAM_BETAS
 
@@ -347,11 +347,11 @@ def _steps(step, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[s
     """Take a mapped program's steps: `data` (x, y, real, live) holds its `n` real clients' batches step by step
     (clients, steps, ...); each step copies its slice into `width` slots (the padding clients' rows stay empty:
     no sample, no step) and updates the carried (parameters, optimiser state, buffers), stacked over the `width`
-    clients, in place, reading the `fixed` (the correction context, the rates). Returns each client's summed loss. `graphed`: the step, the same kernels on the same
-    addresses every time, is captured once as a CUDA graph and replayed (a step launches hundreds of small kernels,
-    whose launches cost more than their arithmetic); the capture's warm-up steps have no live client, so they
-    change nothing (a client without a batch keeps its parameters, state and buffers, and adds nothing to its
-    loss)."""
+    clients, in place, reading the `fixed` (the correction context, the rates). Returns each client's summed loss.
+    `graphed`: the step, the same kernels on the same addresses every time, is captured once as a CUDA graph and
+    replayed (a step launches hundreds of small kernels, whose launches cost more than their arithmetic); the
+    capture's warm-up steps have no live client, so they change nothing (a client without a batch keeps its
+    parameters, state and buffers, and adds nothing to its loss)."""
     n, steps = data[0].shape[:2]
     slots = [t.new_zeros((width, *t.shape[2:])) for t in data]
     total = torch.zeros(width, device=data[0].device)
