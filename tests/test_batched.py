@@ -239,6 +239,20 @@ def test_runs_trained_together_are_the_runs_trained_alone(tmp_path):
     assert run_many(GRID, cache_dir=tmp_path)[1].meta["key"] == together[1].meta["key"]  # read back, not re-run
 
 
+def test_the_graph_setting_reaches_the_steps(monkeypatch):
+    # CUDA graphs need a GPU (tests/test_cuda.py compares their bits with the eager steps'); here the capture is
+    # replaced by the eager function, so the run must give the plain run's numbers, having asked for one capture a
+    # mapped program
+    plain = _rounds(CASE.replace(executor="batched", num_rounds=2))
+    captured = []
+    monkeypatch.setattr(batched, "_captured", lambda fn: captured.append(fn) or fn)
+    monkeypatch.setitem(batched.GRAPHS, "cpu", True)
+    graphed = _rounds(CASE.replace(executor="batched", num_rounds=2))
+    assert len(captured) == 2  # one program a round: five clients, one optimiser kind
+    assert _numbers(plain[0]) == _numbers(graphed[0])
+    assert all(torch.equal(a, b) for a, b in zip(plain[1], graphed[1], strict=True))
+
+
 def test_a_grids_rates_step_in_one_program_and_another_optimiser_kind_in_its_own():
     kinds = [("sgd", 0.02, 0.9, 1e-3), ("sgd", 0.05, 0.5, 1e-2), ("sgd", 0.1, 0.0, None), ("adam", 0.001, None, None)]
     algorithms = [SimpleNamespace(training=SimpleNamespace(optimizer=o, lr=lr, momentum=m, weight_decay=wd))
