@@ -15,6 +15,9 @@ local epoch, momentum 0.9, every client sampled. Three measurements, each printe
 3. agreement: the global accuracy after ``--rounds`` rounds, loop against batched on the GPU, at every K (at
    K = 100 on 20,000 images both sit at chance after 3 rounds: it compares something where the runs have learned).
 
+4. where a batched round's time goes (``--profile``): the functions taking the most time in rounds 2 to ``--rounds``
+   at the largest K, by cProfile (the GPU's work shows where the host waits for it).
+
 No test asserts on these numbers. Usage: ``python benchmarks/gpu.py [--train 60000] [--clients 10 100 1000]``;
 ``--device cpu`` runs the same script on a CPU (to check it, not to measure).
 """
@@ -83,7 +86,7 @@ def main() -> None:
     parser.add_argument("--grid-train", type=int, default=10_000)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="0: no CPU comparison")
     parser.add_argument("--parts", nargs="+", type=int, default=[1, 2],
-                        help="1: clients batched (and 3, the accuracies); 2: the tuning grid")
+                        help="1: clients batched (and 3, the accuracies); 2: the tuning grid; 4: the profile")
     args = parser.parse_args()
     device = resolve_device(args.device)
     cpu = torch.device("cpu")
@@ -95,6 +98,8 @@ def main() -> None:
         clients(args, device, cpu)
     if 2 in args.parts:
         grid(args, device)
+    if 4 in args.parts:
+        profile(args, device)
 
 
 def clients(args, device: torch.device, cpu: torch.device) -> None:
@@ -137,6 +142,21 @@ def grid(args, device: torch.device) -> None:
                                       max_workers=args.cores))
         line += f"  {args.cores} CPU cores {on_cores:7.1f} s  together/cores {on_cores / together:6.1f}x"
     print(line, flush=True)
+
+
+def profile(args, device: torch.device) -> None:
+    """Measurement 4: the functions a batched round spends its time in, rounds 2 on, at the largest K."""
+    import cProfile
+    import pstats
+
+    k = max(args.clients)
+    sim = build(base(args.train, k, args.rounds, args.algorithm).replace(executor="batched"), device, progress=False)
+    profiler = cProfile.Profile()
+    with deterministic(device):
+        sim.run(on_round_end=lambda state: profiler.enable() if len(state.rows) == 1 else None)
+    profiler.disable()
+    print(f"\n4. where rounds 2 to {args.rounds} of K={k} batched spend their time (cProfile, own time first)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ steps, where grouping the clients by batch shape at each step took 514). Each cl
 step in the loop's order. Only the floats differ: vectorised kernels may sum in another order than the loop's (on a
 CPU, LeNet-5's parameters agree to about 1e-7 after a few rounds, the losses to about 1e-7 relative), so a run's
 :class:`~fedlab_core.runs.RunConfig` says which executor it used and the key tells them apart. Batched runs are
-deterministic: the same run gives the same bits. On a GPU a program's step is captured once as a CUDA graph and
-replayed for each batch position (:func:`_steps`): the same kernels, so the same bits as launching them one by one,
-without the launches' cost.
+deterministic: the same run gives the same bits. On a GPU a program's step is captured once as a CUDA graph, on the
+program's first round, and replayed for each batch position of every round (:class:`_Program`): the same kernels,
+so the same bits as launching them one by one, without the launches' cost.
 
 Runs trained together (:func:`fedlab_core.engine.run_together`): the clients of several runs, a grid's rates and
 seeds, step together too, each client at its run's rates; each run's numbers are those it has alone (on a GPU
@@ -66,7 +66,7 @@ CHUNK = {"cpu": 32, "cuda": 1024}
 # On a CPU they do already (measured: runs trained together are the runs trained alone, bit for bit), so a
 # step maps the clients it has.
 WIDTH = {"cuda": 128}
-# On a GPU a mapped step is captured once as a CUDA graph and replayed (:func:`_steps`); False: launched eagerly
+# On a GPU a mapped step is captured once as a CUDA graph and replayed (:class:`_Program`); False: launched eagerly
 GRAPHS = {"cuda": True}
 PAD_LOGIT = -1e4  # a padding sample's logits: 0 at its label, this elsewhere (its cross-entropy is exactly 0)
 
@@ -327,50 +327,106 @@ def _calls(algorithms: list[Algorithm], batches: list[list], device: torch.devic
 
 def _stacked(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], size: int) -> tuple[torch.Tensor, ...]:
     """The clients' batches as (clients, steps, size, ...) tensors x and y, each batch padded to `size` and each
-    client to the most steps, with `real` (clients, steps, size) marking the real samples."""
+    client to the most steps, with `real` (clients, steps, size) marking the real samples: every batch is
+    concatenated once and copied to its place in one indexed copy."""
     steps = max(len(b) for b in batches)
-    x0, y0 = batches[0][0]
-    x = x0.new_zeros((len(batches), steps * size, *x0.shape[1:]))
-    y = y0.new_zeros((len(batches), steps * size, *y0.shape[1:]))
-    real = torch.zeros((len(batches), steps * size), dtype=torch.bool, device=x0.device)
-    for c, client_batches in enumerate(batches):
-        for s, (xb, yb) in enumerate(client_batches):
-            x[c, s * size:s * size + len(yb)] = xb
-            y[c, s * size:s * size + len(yb)] = yb
-            real[c, s * size:s * size + len(yb)] = True
+    flat = [batch for client_batches in batches for batch in client_batches]
+    lengths = torch.tensor([len(yb) for _, yb in flat])
+    places = torch.tensor([(c * steps + s) * size for c, client_batches in enumerate(batches)
+                           for s in range(len(client_batches))])
+    # each sample's row: its batch's place, plus its position in the batch
+    before = torch.cumsum(lengths, 0) - lengths
+    index = (torch.repeat_interleave(places - before, lengths) + torch.arange(int(lengths.sum())))
+    x0, y0 = flat[0]
+    index = index.to(x0.device)
+    x = x0.new_zeros((len(batches) * steps * size, *x0.shape[1:]))
+    y = y0.new_zeros((len(batches) * steps * size, *y0.shape[1:]))
+    real = torch.zeros(len(batches) * steps * size, dtype=torch.bool, device=x0.device)
+    x.index_copy_(0, index, torch.cat([xb for xb, _ in flat]))
+    y.index_copy_(0, index, torch.cat([yb for _, yb in flat]))
+    real[index] = True
     shape = (len(batches), steps, size)
     return x.view(*shape, *x0.shape[1:]), y.view(*shape, *y0.shape[1:]), real.view(shape)
 
 
-def _steps(step, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[str, torch.Tensor], ...],
-           data: tuple[torch.Tensor, ...], width: int, graphed: bool) -> torch.Tensor:
-    """Take a mapped program's steps: `data` (x, y, real, live) holds its `n` real clients' batches step by step
-    (clients, steps, ...); each step copies its slice into `width` slots (the padding clients' rows stay empty:
-    no sample, no step) and updates the carried (parameters, optimiser state, buffers), stacked over the `width`
-    clients, in place, reading the `fixed` (the correction context, the rates). Returns each client's summed loss.
-    `graphed`: the step, the same kernels on the same addresses every time, is captured once as a CUDA graph and
-    replayed (a step launches hundreds of small kernels, whose launches cost more than their arithmetic); the
-    capture's warm-up steps have no live client, so they change nothing (a client without a batch keeps its
-    parameters, state and buffers, and adds nothing to its loss)."""
-    n, steps = data[0].shape[:2]
-    slots = [t.new_zeros((width, *t.shape[2:])) for t in data]
-    total = torch.zeros(width, device=data[0].device)
+# the programs kept from round to round (:class:`_Program`), the most recently used last; a GPU program holds its
+# graph's memory (LeNet-5 at batch 32 on 128 clients: about 1 GB), so only a few are kept
+PROGRAMS: dict[tuple, "_Program"] = {}
+KEEP = 4
 
-    def advance():
-        new = step(*carry, *fixed, *slots)
+
+class _Program:
+    """A mapped program's tensors, kept from round to round: the carried (parameters, optimiser state, buffers) and
+    the `fixed` (the correction context, the rates), stacked over `width` clients, the step's data slots and the
+    summed losses. A round copies its values into them (:meth:`run`), so on a GPU its step is captured as a CUDA
+    graph once, on the program's first round, and replayed from then on: the same kernels on the same addresses,
+    so the same bits as launching them one by one, without the launches' cost (a step launches hundreds of small
+    kernels, whose launches cost more than their arithmetic). The capture's warm-up steps have no live client
+    (the slots are empty), so they change nothing: a client without a batch keeps its parameters, state and
+    buffers, and adds nothing to its loss."""
+
+    def __init__(self, step, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[str, torch.Tensor], ...],
+                 data: tuple[torch.Tensor, ...], width: int, graphed: bool):
+        self.carry = tuple({k: torch.zeros_like(v) for k, v in part.items()} for part in carry)
+        self.fixed = tuple({k: torch.zeros_like(v) for k, v in part.items()} for part in fixed)
+        self.slots = [t.new_zeros((width, *t.shape[2:])) for t in data]
+        self.total = torch.zeros(width, device=data[0].device)
+        self.advance = self._advance
+        self.step = step
+        if graphed:
+            self.advance = _captured(self._advance)
+
+    def _advance(self):
+        new = self.step(*self.carry, *self.fixed, *self.slots)
         with torch.no_grad():
-            for old, values in zip(carry, new):
+            for old, values in zip(self.carry, new):
                 for k, v in values.items():
                     old[k].copy_(v)
-            total.add_(new[-1])
+            self.total.add_(new[-1])
 
-    if graphed:
-        advance = _captured(advance)
-    for s in range(steps):
-        for slot, t in zip(slots, data):
-            slot[:n].copy_(t[:, s])
-        advance()
-    return total
+    def run(self, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[str, torch.Tensor], ...],
+            data: tuple[torch.Tensor, ...]) -> tuple[tuple[dict[str, torch.Tensor], ...], torch.Tensor]:
+        """Take the steps of `data` (x, y, real, live), its `n` real clients' batches step by step (clients, steps,
+        ...), from `carry` with `fixed`: each step copies its slice into the slots (the padding clients' rows stay
+        empty: no sample, no step). Returns the carried tensors and each client's summed loss, the first `n` rows,
+        as new tensors (the program's own are the next round's)."""
+        with torch.no_grad():
+            for mine, theirs in zip(self.carry + self.fixed, carry + fixed):
+                for k, v in theirs.items():
+                    mine[k].copy_(v)
+            self.total.zero_()
+            for slot in self.slots:
+                slot.zero_()
+        n, steps = data[0].shape[:2]
+        for s in range(steps):
+            for slot, t in zip(self.slots, data):
+                slot[:n].copy_(t[:, s])
+            self.advance()
+        return tuple({k: v[:n].clone() for k, v in part.items()} for part in self.carry), self.total[:n].clone()
+
+
+def _program(algorithm: Algorithm, names: list[str], kind: tuple, carry: tuple[dict[str, torch.Tensor], ...],
+             fixed: tuple[dict[str, torch.Tensor], ...], data: tuple[torch.Tensor, ...], width: int,
+             graphed: bool) -> _Program:
+    """The program for this call: the one kept from an earlier round when everything its step reads is the same
+    (the algorithm object, whose settings its step bakes in, the optimiser's kind, the width, every tensor's name,
+    shape and type, and the addresses of the model's and the frozen models' own tensors, which a step reads where
+    the stacked ones do not replace them), else a new one. At most :data:`KEEP` are kept, the least recently used
+    dropped first; 0 keeps none (every call builds its program, and on a GPU captures it, anew)."""
+    shapes = tuple((k, tuple(v.shape), v.dtype) for part in carry + fixed for k, v in part.items())
+    modules = [algorithm.model, *algorithm.frozen_models().values()]
+    held = tuple(t.data_ptr() for m in modules for t in [*m.parameters(), *m.buffers()])
+    key = (id(algorithm), kind, width, graphed, shapes, held,
+           tuple((tuple(t.shape[2:]), t.dtype, t.device) for t in data))
+    program = PROGRAMS.pop(key, None)
+    if program is None:
+        while PROGRAMS and len(PROGRAMS) >= KEEP:
+            PROGRAMS.pop(next(iter(PROGRAMS)))
+        program = _Program(_stepper(algorithm, names, *kind), carry, fixed, data, width, graphed)
+        program.algorithm = algorithm  # held, so that its id stays its own while the program is kept
+    if KEEP:
+        PROGRAMS[key] = program
+    return program
 
 
 def _captured(fn, warmup: int = 2):
@@ -409,7 +465,7 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         n = len(call)
         x, y, real = _stacked([batches[c] for c in call], size)
         live = real.any(-1)
-        # the padding clients up to the width, copies of the first with no sample, so no step (:func:`_steps`
+        # the padding clients up to the width, copies of the first with no sample, so no step (:meth:`_Program.run`
         # pads step by step, so as to hold only one step of their empty batches)
         call = call + call[:1] * (WIDTH.get(device.type, n) - n)
         kind = _kind(algorithms[call[0]])
@@ -420,9 +476,9 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         state = {**_optimiser_state(kind[0], kind[1], params),
                  **{k: torch.stack([starts[c][k] for c in call]) for k in starts[call[0]] if k.startswith("input.")}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
-        step = _stepper(first, names, *kind)
-        total = _steps(step, (params, state, buffers), (context, rates), (x, y, real, live), len(call),
-                       GRAPHS.get(device.type, False))
+        carry, fixed, data = (params, state, buffers), (context, rates), (x, y, real, live)
+        program = _program(first, names, kind, carry, fixed, data, len(call), GRAPHS.get(device.type, False))
+        (params, state, buffers), total = program.run(carry, fixed, data)
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}
             trained[c].update({k: v[j] for k, v in state.items() if k.startswith("input.")})

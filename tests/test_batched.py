@@ -239,18 +239,48 @@ def test_runs_trained_together_are_the_runs_trained_alone(tmp_path):
     assert run_many(GRID, cache_dir=tmp_path)[1].meta["key"] == together[1].meta["key"]  # read back, not re-run
 
 
-def test_the_graph_setting_reaches_the_steps(monkeypatch):
+@pytest.mark.parametrize("keep,captures", [(batched.KEEP, 1), (0, 3)])
+def test_the_graph_setting_reaches_the_steps_and_a_program_is_captured_once_a_run(keep, captures, monkeypatch):
     # CUDA graphs need a GPU (tests/test_cuda.py compares their bits with the eager steps'); here the capture is
-    # replaced by the eager function, so the run must give the plain run's numbers, having asked for one capture a
-    # mapped program
-    plain = _rounds(CASE.replace(executor="batched", num_rounds=2))
+    # replaced by the eager function, so the run must give the plain run's numbers, having asked for one capture
+    # for its one mapped program (five clients, one optimiser kind) over its three rounds; with no program kept,
+    # one a round; and a second run, another algorithm object, captures its own
+    plain = _rounds(CASE.replace(executor="batched"))
     captured = []
     monkeypatch.setattr(batched, "_captured", lambda fn: captured.append(fn) or fn)
     monkeypatch.setitem(batched.GRAPHS, "cpu", True)
-    graphed = _rounds(CASE.replace(executor="batched", num_rounds=2))
-    assert len(captured) == 2  # one program a round: five clients, one optimiser kind
+    monkeypatch.setattr(batched, "KEEP", keep)
+    graphed = _rounds(CASE.replace(executor="batched"))
+    assert len(captured) == captures
     assert _numbers(plain[0]) == _numbers(graphed[0])
     assert all(torch.equal(a, b) for a, b in zip(plain[1], graphed[1], strict=True))
+    _rounds(CASE.replace(executor="batched"))
+    assert len(captured) == 2 * captures
+
+
+def test_a_program_kept_from_round_to_round_is_not_another_runs_or_shape(monkeypatch):
+    # programs kept across runs, batch sizes and widths: each run's numbers are its own, bit for bit
+    monkeypatch.setattr(batched, "KEEP", 0)
+    fresh = [_rounds(CASE.replace(executor="batched", **c)) for c in ({}, {"batch_size": 8}, {"seed": 1})]
+    monkeypatch.setattr(batched, "KEEP", 4)
+    batched.PROGRAMS.clear()
+    kept = [_rounds(CASE.replace(executor="batched", **c)) for c in ({}, {"batch_size": 8}, {"seed": 1})]
+    for a, b in zip(fresh, kept, strict=True):
+        assert _numbers(a[0]) == _numbers(b[0])
+        assert all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+def test_batches_stacked_by_one_indexed_copy_are_each_in_its_place():
+    # two clients of batch size 3: two full batches and a short one; one short batch
+    batches = [[(torch.full((3, 2), 1.0), torch.tensor([1, 1, 1])), (torch.full((3, 2), 2.0), torch.tensor([2, 2, 2])),
+                (torch.full((1, 2), 3.0), torch.tensor([3]))],
+               [(torch.full((2, 2), 4.0), torch.tensor([4, 4]))]]
+    x, y, real = batched._stacked(batches, 3)
+    assert x.shape == (2, 3, 3, 2) and y.shape == (2, 3, 3) and real.shape == (2, 3, 3)
+    assert y.tolist() == [[[1, 1, 1], [2, 2, 2], [3, 0, 0]], [[4, 4, 0], [0, 0, 0], [0, 0, 0]]]
+    assert real.tolist() == [[[True] * 3, [True] * 3, [True, False, False]],
+                             [[True, True, False], [False] * 3, [False] * 3]]
+    assert torch.equal(x[..., 0], y.float()) and torch.equal(x[..., 1], y.float())
 
 
 def test_a_grids_rates_step_in_one_program_and_another_optimiser_kind_in_its_own():

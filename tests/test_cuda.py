@@ -86,3 +86,14 @@ def test_steps_replayed_as_a_cuda_graph_are_the_steps_launched_eagerly(algorithm
     monkeypatch.setitem(batched.GRAPHS, "cuda", False)
     eager = run(config, use_cache=False, device="cuda", progress=False)
     assert graphed.meta["executor"] == "batched" and _numbers(graphed) == _numbers(eager)
+
+
+def test_a_program_kept_from_round_to_round_and_shared_by_calls_replays_the_bits_of_a_fresh_capture(monkeypatch):
+    # 8 clients 4 to a call: two calls a round share one kept program (its graph captured once, in round 1), whose
+    # numbers must be those of a program captured anew for every call
+    monkeypatch.setitem(batched.WIDTH, "cuda", 4)
+    config = CASE.replace(num_rounds=3, executor="batched")
+    kept = run(config, use_cache=False, device="cuda", progress=False)
+    monkeypatch.setattr(batched, "KEEP", 0)
+    fresh = run(config, use_cache=False, device="cuda", progress=False)
+    assert kept.meta["executor"] == "batched" and _numbers(kept) == _numbers(fresh)
