@@ -457,8 +457,8 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
     first = algorithms[0]
     names = [n for n, p in first.model.named_parameters() if p.requires_grad]
     buffer_names = [n for n, _ in first.model.named_buffers()]
-    for algorithm in algorithms:
-        algorithm.model.train()
+    for model in {id(a.model): a.model for a in algorithms}.values():  # each run's model once, not once a client
+        model.train()
     device = starts[0][names[0]].device
     size = max(len(y) for client_batches in batches for _, y in client_batches)
     trained: list[Any] = [None] * len(batches)
