@@ -287,9 +287,12 @@ def test_the_archive_refuses_a_run_computed_with_other_kernels(tiny, tmp_path, a
     assert not list(archive.folder.glob("*"))
 
 
+CARRIED_DATA = 10e6  # the Fashion-MNIST subset a GPU check carries beside the tree (20,000 images: 9.4 MB)
+
+
 def test_the_working_tree_travels_light():
-    """The tracked files (the archive most of them) stay under 50 MB: a copy of the working tree must fit in the
-    64 MiB a check on another machine may carry."""
+    """The tracked files (the archive most of them), counted as the disk holds them (whole blocks), leave room in
+    the 64 MiB a check on another machine may carry for the data subset it carries beside them."""
     import subprocess
     from pathlib import Path
 
@@ -298,8 +301,9 @@ def test_the_working_tree_travels_light():
     if listed.returncode:
         pytest.skip("not a git checkout")
     files = [root / name for name in listed.stdout.decode().split("\0") if name]
-    size = sum(p.stat().st_size for p in files if p.is_file())
-    assert len(files) > 100 and size < 50e6, f"the tracked files take {size / 1e6:.1f} MB"
+    used = sum(p.stat().st_blocks * 512 for p in files if p.is_file())
+    assert len(files) > 100 and used + CARRIED_DATA < 64 * 2**20, (
+        f"the tracked files take {used / 2**20:.1f} MiB on disk: with the data a GPU check carries, over 64 MiB")
 
 
 def _as_computed_on_cuda(history, config, archive):
