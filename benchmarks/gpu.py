@@ -2,7 +2,7 @@
 and against the same machine's CPU cores.
 
 FedAvg (``--algorithm``: another batched method) on Fashion-MNIST, LeNet-5, Dirichlet(0.5) split, batch 32, one
-local epoch, momentum 0.9, every client sampled. Three measurements, each printed as a ratio (above 1: faster than what it is compared with):
+local epoch, momentum 0.9, every client sampled. Four measurements, each printed as a ratio (above 1: faster than what it is compared with):
 
 1. clients batched: the local training of one round (the engine's ``train_seconds``, the fastest of rounds 2 to
    ``--rounds``; round 1 warms the GPU up), for K clients sharing ``--train`` images: the batched executor on the
@@ -15,7 +15,7 @@ local epoch, momentum 0.9, every client sampled. Three measurements, each printe
 3. agreement: the global accuracy after ``--rounds`` rounds, loop against batched on the GPU, at every K (at
    K = 100 on 20,000 images both sit at chance after 3 rounds: it compares something where the runs have learned).
 
-4. where a batched round's time goes (``--profile``): the functions taking the most time in rounds 2 to ``--rounds``
+4. where a batched round's time goes (``--parts 4``): the functions taking the most time in rounds 2 to ``--rounds``
    at the largest K, by cProfile (the GPU's work shows where the host waits for it).
 
 No test asserts on these numbers. Usage: ``python benchmarks/gpu.py [--train 60000] [--clients 10 100 1000]``;

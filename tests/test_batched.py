@@ -259,7 +259,7 @@ def test_the_graph_setting_reaches_the_steps_and_a_program_is_captured_once_a_ru
 
 
 def test_a_program_kept_from_round_to_round_is_not_another_runs_or_shape(monkeypatch):
-    # programs kept across runs, batch sizes and widths: each run's numbers are its own, bit for bit
+    # programs kept across runs, batch sizes and seeds: each run's numbers are its own, bit for bit
     monkeypatch.setattr(batched, "KEEP", 0)
     fresh = [_rounds(CASE.replace(executor="batched", **c)) for c in ({}, {"batch_size": 8}, {"seed": 1})]
     monkeypatch.setattr(batched, "KEEP", 4)
