@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from .algorithms import ALGORITHMS, NonFiniteLossError, Training
@@ -36,8 +38,9 @@ from .kernels import cpu_model, cuda_determinism, deterministic, signature
 from .models import MODELS, build_model, meta_model
 from .parallel import available_cores
 from .params import OneOf, Range, check_value
-from .store import (Archive, History, _atomic_write, _read_result, _read_state, _write_state, cache_key, check_writable,
-                    code_version, default_cache_dir, library_versions)
+from .store import (Archive, History, Measurements, _atomic_write, _read_result, _read_state, _write_state, cache_key,
+                    check_writable, code_version, default_cache_dir, library_versions)
+from .store import settings as run_settings
 
 log = logging.getLogger("fedlab_core")
 
@@ -379,7 +382,6 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
     key = cache_key(config, device)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     result_path, ckpt_path, final_path = folder / f"{key}.json", folder / f"{key}.ckpt", folder / f"{key}.final"
-    kept = final_path if keep_state else None
     if use_cache:
         found = stored(config, cache_dir=folder, device=device, keep_state=keep_state)
         if found is not None:
@@ -389,14 +391,14 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
         history = _run(config, device, workers, key, result_path, ckpt_path, final_path, use_cache, checkpoint_every,
                        progress, keep_state, on_diverge)
     if use_cache:
-        _to_archive(history, config, device, kept, key)
+        _to_archive(history, config, device)
     return history
 
 
 def stored(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",
            keep_state: bool = False) -> History | None:
-    """The run's result if the archive or the cache holds it (with its final state, for `keep_state`), else
-    None; nothing is computed. The archive's entry may have been computed on the other type of device (its meta
+    """The run's result if the archive or the cache holds it (with its final state, for `keep_state`: one the
+    archive kept, or the cache's), else None; nothing is computed. The archive's entry may have been computed on the other type of device (its meta
     says which: :meth:`~fedlab_core.store.Archive.key_of`); the cache's are this device type's. A result found in
     the cache is added to the archive when writing to it is on."""
     device = resolve_device(device)
@@ -410,15 +412,15 @@ def stored(config: RunConfig, *, cache_dir: str | Path | None = None, device: st
         return None
     cached = _read_result(folder / f"{key}.json", config, key)
     if cached is not None:
-        _to_archive(cached, config, device, final_path if keep_state else None, key)
+        _to_archive(cached, config, device)
     return cached
 
 
-def _to_archive(history: History, config: RunConfig, device: torch.device, final_path: Path | None, key: str) -> None:
-    """Add a finished run (with its final state when it was kept) to the archive, when writing to it is on."""
+def _to_archive(history: History, config: RunConfig, device: torch.device) -> None:
+    """Add a finished run to the archive, when writing to it is on (a final state stays in the cache:
+    :func:`measured` stores what a figure draws from it)."""
     if Archive.writing():
-        state = _read_state(final_path, key, device) if final_path is not None else None
-        Archive().add(history, config, device, state)
+        Archive().add(history, config, device)
 
 
 def samples_trained(history: History) -> list[int]:
@@ -569,8 +571,7 @@ def run_many(configs: list[RunConfig], *, cache_dir: str | Path | None = None, u
                                                    checkpoint_every, keep_state, on_diverge)):
                 out[i] = history
                 if use_cache:
-                    key = cache_key(configs[i], device)
-                    _to_archive(history, configs[i], device, folder / f"{key}.final" if keep_state else None, key)
+                    _to_archive(history, configs[i], device)
     return out
 
 
@@ -628,6 +629,48 @@ def trained(config: RunConfig, *, cache_dir: str | Path | None = None, device: s
     return sim, state
 
 
+def _measured_as(config: RunConfig, history: History, settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The settings that name a measurement of run `config` (:func:`measured`): its own, the device and result
+    it is measured on (a digest of its final metrics and its length), and `settings`."""
+    result = json.dumps({"final": history.final, "rounds": len(history.rounds)}, sort_keys=True)
+    return {"run": run_settings(config), "device": history.meta.get("device"),
+            "result": hashlib.sha256(result.encode()).hexdigest()[:16], "measure": dict(settings or {})}
+
+
+def measured(name: str, config: RunConfig, measure: Callable[[Simulation, SimulationState], Any], *,
+             settings: Mapping[str, Any] | None = None, sources: tuple[str, ...] = (),
+             cache_dir: str | Path | None = None, device: str | torch.device = "auto",
+             progress: bool | None = None) -> Any:
+    """What ``measure(sim, state)`` finds in the run's trained models (:func:`trained`), stored as a
+    measurement (:class:`~fedlab_core.store.Measurements`) when writing to the archive is on, and read from
+    there afterwards: a figure drawn from a trained model then needs neither the model nor the run, and the
+    archive keeps results, not models.
+
+    A measurement is named by `name`, the run and the result it is measured on (its device and a digest of its
+    final metrics: a run recomputed to other numbers is measured anew), `settings` (what `measure` is given
+    besides the run) and `sources`, the code `measure` runs (files of the package or ``"file.py::function"``):
+    a change to any of them measures anew, and ``make verify`` lists the stored measurements it left behind.
+    The run is computed first (keeping its final state in the cache) when nothing holds it. Returns the values
+    as JSON reads them back."""
+    device = resolve_device(device)
+    history = stored(config, cache_dir=cache_dir, device=device)
+    if history is None:
+        history = run(config, cache_dir=cache_dir, device=device, progress=progress, keep_state=True)
+    doc = Measurements().get(name, _measured_as(config, history, settings),
+                             lambda: measure(*trained(config, cache_dir=cache_dir, device=device, progress=progress)),
+                             sources, libraries=())
+    return doc["values"]
+
+
+def is_measured(name: str, config: RunConfig, *, settings: Mapping[str, Any] | None = None,
+                sources: tuple[str, ...] = (), cache_dir: str | Path | None = None,
+                device: str | torch.device = "auto") -> bool:
+    """Whether :func:`measured` would read this measurement rather than take it; nothing is computed."""
+    history = stored(config, cache_dir=cache_dir, device=resolve_device(device))
+    return history is not None and Measurements().find(name, _measured_as(config, history, settings),
+                                                       sources, libraries=()) is not None
+
+
 @torch.no_grad()
 def client_features(sim: Simulation, state: SimulationState, per_client: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -646,6 +689,24 @@ def client_features(sim: Simulation, state: SimulationState, per_client: int = 0
         ys.append(y.cpu())
         cs.append(torch.full_like(y.cpu(), cid))
     return torch.cat(zs), torch.cat(ys), torch.cat(cs)
+
+
+def feature_map(sim: Simulation, state: SimulationState, per_client: int = 0, seed: int = 0) -> dict[str, Any]:
+    """What a UMAP picture of a run's features draws, measured on its trained models (for :func:`measured`, with
+    :data:`FEATURE_MAP_SOURCES`): every client's test images (the first `per_client`) embedded as the client
+    sees them (:func:`client_features`), their 2-D UMAP (:func:`~fedlab_core.viz.umap_embedding`, `seed`)
+    rounded to 1e-3 (finer than a figure draws), their true classes and clients, and the picture's silhouette
+    by class (:func:`~fedlab_core.viz.class_separation`, on the unrounded points)."""
+    from .viz import class_separation, umap_embedding
+
+    z, y, c = client_features(sim, state, per_client=per_client)
+    xy = umap_embedding(z.numpy(), seed=seed)
+    return {"xy": np.round(xy.astype(np.float64), 3).tolist(), "labels": y.tolist(), "clients": c.tolist(),
+            "silhouette": class_separation(xy, y.numpy())}
+
+
+FEATURE_MAP_SOURCES = ("runs.py::feature_map", "runs.py::client_features", "viz.py::umap_embedding",
+                       "viz.py::class_separation")
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ tensors, read as data only):
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import functools
@@ -213,7 +214,7 @@ def _read_result(path: Path, config: "RunConfig", key: str) -> History | None:
     return history
 
 
-_XZ_MAGIC = b"\xfd7zXZ\x00"   # how an xz stream begins: an archived state (_write_state's compress)
+_XZ_MAGIC = b"\xfd7zXZ\x00"   # how an xz stream begins: a final state the archive kept (xz-compressed)
 
 
 def _read_state(path: Path, key: str, device: torch.device) -> SimulationState | None:
@@ -245,14 +246,11 @@ def _read_state(path: Path, key: str, device: torch.device) -> SimulationState |
         return None
 
 
-def _write_state(path: Path, key: str, state: SimulationState, compress: bool = False) -> None:
-    """Save a state as PyTorch's file; with `compress` (the archive's), that file xz-compressed, which keeps every
-    bit and takes about a fifth less room (a third less for personalised models, which share their leading
-    bytes); a checkpoint, written every few rounds, is left uncompressed."""
+def _write_state(path: Path, key: str, state: SimulationState) -> None:
+    """Save a state (a checkpoint, or a final state kept in the cache) as PyTorch's file."""
     buffer = io.BytesIO()
     torch.save({"key": key, "state": dataclasses.asdict(state)}, buffer)
-    data = lzma.compress(buffer.getvalue(), preset=6) if compress else buffer.getvalue()
-    _atomic_write(path, lambda f: f.write(data))
+    _atomic_write(path, lambda f: f.write(buffer.getvalue()))
 
 
 def _first_line(err: BaseException) -> str:
@@ -288,7 +286,10 @@ def archive_key(config: "RunConfig", device: torch.device | str, build: str | No
 class Archive:
     """The book's runs, committed in the repository: ``<key>.json.gz`` per run (its :class:`History` as gzipped
     JSON, the code version and the kernels that computed it in ``meta["code_version"]`` and ``meta["kernels"]``),
-    and ``<key>.final`` for the few runs whose final state a figure needs (xz-compressed, read as data only).
+    and ``<key>.final`` for the runs whose final state a figure read before figures read measurements
+    (xz-compressed, read as data only). No final state is added any more: what a figure draws from a trained model
+    is stored as a measurement of the run (:func:`fedlab_core.runs.measured`, :class:`Measurements`), so the
+    archive keeps results, not models.
 
     Writing is switched on by ``FEDLAB_ARCHIVE=write`` in the environment (the book's ``book`` profile
     sets it); reading is always on, so any run of a config the archive holds is read, not recomputed, on either
@@ -355,17 +356,12 @@ class Archive:
         key = self.key_of(config, device, with_state=True)
         return None if key is None else _read_state(self.paths(key)[1], key, device)
 
-    def add(self, history: History, config: "RunConfig", device: torch.device,
-            state: SimulationState | None = None) -> Path:
-        """Store a finished run (and its final state, when given); a CPU run only if its recorded kernels are the
-        pinned ones (:func:`fedlab_core.kernels.check_pinned`), so that it verifies on every x86-64 machine with
-        AVX2."""
+    def add(self, history: History, config: "RunConfig", device: torch.device) -> Path:
+        """Store a finished run; a CPU run only if its recorded kernels are the pinned ones
+        (:func:`fedlab_core.kernels.check_pinned`), so that it verifies on every x86-64 machine with AVX2."""
         if device.type == "cpu":
             check_pinned(history.meta.get("kernels") or {})
-        key = archive_key(config, device)
-        result, final = self.paths(key)
-        if state is not None:
-            _write_state(final, key, state, compress=True)
+        result = self.paths(archive_key(config, device))[0]
         self.write(result, dataclasses.asdict(history))
         return result
 
@@ -405,17 +401,28 @@ TIMED_LIBRARIES = ("torch", "numpy", "scipy", "POT")
 
 
 def source_digest(sources: tuple[str, ...]) -> dict[str, str]:
-    """Each of the library's source files `sources` (paths inside the package) -> a digest of its bytes ("absent"
-    for a file the package no longer has)."""
+    """Each of the library's sources `sources` -> a digest of its text ("absent" for one the package no longer
+    has): a file (its path inside the package), or one top-level function or class of a file
+    (``"runs.py::client_features"``), so that a measurement names the code it runs and no other."""
     package = Path(__file__).resolve().parent
-    return {s: hashlib.sha256((package / s).read_bytes()).hexdigest()[:12] if (package / s).is_file() else "absent"
-            for s in sources}
+    out = {}
+    for source in sources:
+        name, _, definition = source.partition("::")
+        path = package / name
+        text = path.read_bytes() if path.is_file() else None
+        if text is not None and definition:
+            tree = ast.parse(text)
+            found = [n for n in tree.body if getattr(n, "name", None) == definition]
+            text = ast.get_source_segment(text.decode(), found[0]).encode() if found else None
+        out[source] = hashlib.sha256(text).hexdigest()[:12] if text is not None else "absent"
+    return out
 
 
-def measurement_key(name: str, settings: dict[str, Any], sources: tuple[str, ...]) -> str:
-    """A measurement's name in :class:`Measurements`: a hash of its name, its settings, the code that it times
-    (`sources`' digests) and the versions of :data:`TIMED_LIBRARIES`."""
-    versions = {k: v.split("+")[0] for k, v in library_versions().items() if k in TIMED_LIBRARIES}
+def measurement_key(name: str, settings: dict[str, Any], sources: tuple[str, ...],
+                    libraries: tuple[str, ...] = TIMED_LIBRARIES) -> str:
+    """A measurement's name in :class:`Measurements`: a hash of its name, its settings, the code that it runs
+    (`sources`' digests) and the versions of `libraries` (by default :data:`TIMED_LIBRARIES`, for a timing)."""
+    versions = {k: v.split("+")[0] for k, v in library_versions().items() if k in libraries}
     payload = json.dumps({"name": name, "settings": _plain(settings), "sources": source_digest(sources),
                           "libraries": versions}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
@@ -435,12 +442,18 @@ def machine() -> dict[str, Any]:
 
 
 class Measurements:
-    """The timings the book judges claims on, measured once and stored in the repository, so that a verdict on a
-    cost claim does not move with the load of the machine that builds the page: ``<name>-<key>.json`` per
-    measurement (its values and the settings, sources, libraries, machine and date that produced them). The
-    key (:func:`measurement_key`) names the settings, the digests of the code that is timed and the libraries'
-    versions: changing any of them measures anew, and :meth:`stale` lists the stored measurements that the
-    code or the libraries have left behind.
+    """What the book measures once and stores in the repository: ``<name>-<key>.json`` per measurement (its
+    values and the settings, sources, libraries, machine and date that produced them).
+
+    - The timings it judges cost claims on, so that a verdict does not move with the load of the machine that
+      builds the page.
+    - What its figures draw from a run's trained models (:func:`fedlab_core.runs.measured`: features, their
+      2-D picture, offsets), so that the archive keeps results, not models; ``libraries=()``, since the run it
+      measures is archived whatever the libraries' versions.
+
+    The key (:func:`measurement_key`) names the settings, the digests of the code that runs (a file, or one
+    function of it) and the keyed libraries' versions: changing any of them measures anew, and :meth:`stale`
+    lists the stored measurements that the code or the libraries have left behind.
 
     As for the :class:`Archive`, writing is switched on by ``FEDLAB_ARCHIVE=write``; the folder is
     ``book/measurements/`` of the checkout, or ``$FEDLAB_MEASUREMENTS_DIR``.
@@ -452,24 +465,32 @@ class Measurements:
     def path(self, name: str, key: str) -> Path:
         return self.folder / f"{name}-{key}.json"
 
+    def find(self, name: str, settings: dict[str, Any], sources: tuple[str, ...],
+             libraries: tuple[str, ...] = TIMED_LIBRARIES) -> dict[str, Any] | None:
+        """The stored document of `name` under `settings` (as :meth:`get` returns it), or None; nothing is
+        measured."""
+        path = self.path(name, measurement_key(name, settings, sources, libraries))
+        return {**json.loads(path.read_text()), "stored": True} if path.exists() else None
+
     def get(self, name: str, settings: dict[str, Any], measure, sources: tuple[str, ...],
-            remeasure: bool = False) -> dict[str, Any]:
+            remeasure: bool = False, libraries: tuple[str, ...] = TIMED_LIBRARIES) -> dict[str, Any]:
         """The stored measurement of `name` under `settings`, else (or with `remeasure`) ``measure()``'s, stored
         when the archive is writable. Returns its document: ``values`` (what `measure` returned, as JSON reads it
         back), ``stored`` (whether it was read, not measured now), ``machine``, ``date`` and ``seconds``."""
         if not isinstance(remeasure, bool):
             raise ValueError(f"remeasure: expected True or False, got {remeasure!r}")
-        key = measurement_key(name, settings, sources)
-        path = self.path(name, key)
-        if path.exists() and not remeasure:
-            return {**json.loads(path.read_text()), "stored": True}
+        found = None if remeasure else self.find(name, settings, sources, libraries)
+        if found is not None:
+            return found
         started = time.perf_counter()
         values = _plain(measure())
         doc = {"name": name, "settings": _plain(settings), "sources": list(sources), "values": values,
-               "source_digests": source_digest(sources), "libraries": library_versions(), "machine": machine(),
+               "source_digests": source_digest(sources), "libraries": library_versions(),
+               "keyed_libraries": list(libraries), "machine": machine(),
                "date": datetime.date.today().isoformat(), "seconds": time.perf_counter() - started}
         if Archive.writing():
-            text = json.dumps(doc, sort_keys=True, indent=1)
+            text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+            path = self.path(name, measurement_key(name, settings, sources, libraries))
             _atomic_write(path, lambda f: f.write(text.encode()))
         return {**doc, "stored": False}
 
@@ -479,12 +500,13 @@ class Measurements:
         out = []
         for path in sorted(self.folder.glob("*.json")):
             doc = json.loads(path.read_text())
+            keyed = tuple(doc.get("keyed_libraries", TIMED_LIBRARIES))
             if path.name == self.path(doc["name"], measurement_key(doc["name"], doc["settings"],
-                                                                    tuple(doc["sources"]))).name:
+                                                                    tuple(doc["sources"]), keyed)).name:
                 continue
             now = source_digest(tuple(doc["sources"]))
             changed = [s for s in doc["sources"] if now[s] != doc["source_digests"].get(s)]
-            changed += [k for k in TIMED_LIBRARIES if doc["libraries"].get(k, "").split("+")[0]
+            changed += [k for k in keyed if doc["libraries"].get(k, "").split("+")[0]
                         != library_versions()[k].split("+")[0]]
             out.append(f"{path.name}: stale ({', '.join(changed) or 'its name'} changed since it was measured)")
         return out

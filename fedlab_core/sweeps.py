@@ -17,7 +17,7 @@ import torch
 
 from .parallel import end_with_parent
 from .progress import Report
-from .runs import RunConfig, resolve_device, run, run_many, stored, together
+from .runs import RunConfig, is_measured, measured, resolve_device, run, run_many, stored, together
 from .store import History
 from .verdicts import SEED_CAP, mean_std
 
@@ -51,6 +51,21 @@ def sweep_groups(groups: Mapping[Any, list[RunConfig]], **sweep_kwargs) -> dict[
     """:func:`sweep` over every config of every group; the histories come back grouped the same way."""
     results = iter(sweep([c for configs in groups.values() for c in configs], **sweep_kwargs))
     return {key: [next(results) for _ in configs] for key, configs in groups.items()}
+
+
+def measured_groups(name: str, groups: Mapping[Any, list[RunConfig]], measure: Callable, *,
+                    settings: Mapping[str, Any] | None = None, sources: tuple[str, ...] = (),
+                    **sweep_kwargs) -> dict[Any, list[Any]]:
+    """:func:`~fedlab_core.runs.measured` on every run of every group, grouped the same way. The runs not yet
+    measured are first run side by side (:func:`sweep`, keeping their final states in the cache), so that
+    nothing is trained twice; the measured ones need neither their state nor their run."""
+    where = {k: sweep_kwargs[k] for k in ("cache_dir", "device") if k in sweep_kwargs}
+    missing = [c for configs in groups.values() for c in configs
+               if not is_measured(name, c, settings=settings, sources=sources, **where)]
+    if missing:
+        sweep(missing, keep_state=True, **sweep_kwargs)
+    return {key: [measured(name, c, measure, settings=settings, sources=sources, **where) for c in configs]
+            for key, configs in groups.items()}
 
 
 UNCONVERGED_MARK = "†"   # mean_std_table's mark on a cell with a run that did not pass the convergence test

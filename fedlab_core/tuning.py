@@ -142,6 +142,23 @@ class Tuning:
         return (f"For {', '.join(none)}, no rate within one standard error of the best converged in the tuning's "
                 f"{self.rounds} rounds: {'it runs' if len(none) == 1 else 'they run'} at the plain rule's choice.")
 
+    def unsound(self) -> dict[str, str]:
+        """The methods none of whose candidates is sound, so that no rate could be chosen for them: every
+        candidate had a seed diverge (no score) or degenerate (:func:`~fedlab_core.verdicts.degenerate`).
+        Method -> why, for the page (how many candidates, and the first's reason)."""
+        out = {}
+        for method, group in self.grid.groupby("method", sort=False):
+            failed = group["validation"].isna() | (group["degenerate"] != "")
+            if failed.all():
+                diverged = int(group["validation"].isna().sum())
+                first = next((why for why in group["degenerate"] if why), "")
+                out[method] = (f"all {len(group)} of its candidates in the {self.rounds}-round tuning failed: "
+                               + ", ".join(part for part in (f"{diverged} diverged" if diverged else "",
+                                                             f"{len(group) - diverged} degenerate"
+                                                             + (f" (e.g. {first})" if first else "")
+                                                             if len(group) > diverged else "") if part))
+        return out
+
     def table(self) -> "pd.DataFrame":
         """One row per method: its paper rate(s), the chosen ones, the factor and the validation score."""
         import pandas as pd
@@ -363,6 +380,22 @@ def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda k
             return _with_rates(config, rates)
         out[key] = [apply(c) for c in value] if isinstance(value, list) else apply(value)
     return out, tuned
+
+
+def unsound_cells(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda key: key,
+                  regimes: Mapping[str, Tuning] | None = None) -> dict[Any, str]:
+    """The cells to drop before any evaluation run, decided on the tuning alone: key -> why, for each key of
+    `configs` (as :func:`tuned_configs` takes them) whose method has no sound candidate in its regime's tuning
+    (:meth:`Tuning.unsound`). Its runs could only decide a claim on a rate known to fail, so they are not run;
+    a method that was not tuned is kept."""
+    out = {}
+    for key, value in configs.items():
+        first = value[0] if isinstance(value, list) else value
+        tuning_here = (regimes or {}).get(regime(first), tuning)
+        why = tuning_here.unsound().get(method_of(key))
+        if why is not None:
+            out[key] = f"{method_of(key)} ({regime(first)}): {why}"
+    return out
 
 
 def label_skew(model: str, num_clients: int, max_train_samples: int, max_test_samples: int, local_epochs: int | None,

@@ -68,12 +68,23 @@ def test_use_cache_false_ignores_the_archive(tiny, tmp_path, archive, monkeypatc
     assert calls == [1]
 
 
-def test_a_kept_final_state_is_archived_and_trained_reads_it(tiny, tmp_path, archive, monkeypatch):
-    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
-    sim, state = trained(tiny, cache_dir=tmp_path)
+def _kept_before(tiny, tmp_path, archive):
+    """A final state as the archive kept them before measurements replaced them: the cache's, xz-compressed beside
+    the run's entry. Returns the state and its path."""
+    import lzma
+
+    _, state = trained(tiny, cache_dir=tmp_path)                           # archived; its state kept in the cache
     key = store.archive_key(tiny, CPU)
     final = archive.paths(key)[1]
-    assert final.read_bytes().startswith(b"\xfd7zXZ")                      # kept xz-compressed
+    assert not final.exists()                                              # no new state enters the archive
+    store._write_state(tmp_path / "plain", key, state)
+    final.write_bytes(lzma.compress((tmp_path / "plain").read_bytes()))
+    return state, final
+
+
+def test_a_final_state_the_archive_kept_is_read_by_trained(tiny, tmp_path, archive, monkeypatch):
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    state, _ = _kept_before(tiny, tmp_path, archive)
     monkeypatch.setattr(runs_module, "run", lambda *a, **k: pytest.fail("trained() ran instead of reading"))
     sim2, state2 = trained(tiny, cache_dir=tmp_path / "empty")
     assert state2.rows == state.rows
@@ -82,8 +93,7 @@ def test_a_kept_final_state_is_archived_and_trained_reads_it(tiny, tmp_path, arc
 
 def test_a_damaged_compressed_state_is_set_aside_not_read(tiny, tmp_path, archive, monkeypatch, caplog):
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
-    trained(tiny, cache_dir=tmp_path)
-    final = archive.paths(store.archive_key(tiny, CPU))[1]
+    _, final = _kept_before(tiny, tmp_path, archive)
     final.write_bytes(final.read_bytes()[:-50])                            # truncated xz stream
     assert archive.state(tiny, CPU) is None
     assert final.with_name(final.name + ".damaged").exists() and "cannot be read" in caplog.text
@@ -461,3 +471,61 @@ def test_the_repositorys_timings_are_current_and_the_cost_study_is_stored_for_th
     assert [d["settings"] for d in docs] == [{k: params[k] for k in docs[0]["settings"]}]
     sweeps = docs[0]["values"]["sweeps"]
     assert len(sweeps) == params["COST_REPEATS"] and all(t > 0 for repeat in sweeps for point in repeat for t in point)
+
+
+# ------------------------------------------------------------------- what figures draw from trained models
+
+def _probe(sim, state):
+    """A measurement only the trained model can give: the sum of a few clients' features."""
+    from fedlab_core.runs import client_features
+
+    return round(float(client_features(sim, state, per_client=3)[0].sum()), 4)
+
+
+def test_a_figures_measurement_of_a_trained_model_is_stored_once_and_needs_neither_the_model_nor_the_run_again(
+        tiny, tmp_path, archive, measurements, monkeypatch):
+    from fedlab_core.runs import measured
+
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    value = measured("probe", tiny, _probe, settings={"n": 3}, cache_dir=tmp_path / "cache")
+    assert [key for key, _ in archive.entries()] == [store.archive_key(tiny, CPU)]
+    assert not list(archive.folder.glob("*.final"))                   # the archive keeps results, not models
+    assert list((tmp_path / "cache").glob("*.final"))                 # the state stays in the cache
+    builds = []
+    real_build = runs_module.build
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+    assert measured("probe", tiny, _probe, settings={"n": 3}, cache_dir=tmp_path / "empty") == value and not builds
+    assert measured("probe", tiny, lambda sim, state: 1.0, settings={"n": 4}, cache_dir=tmp_path / "cache") == 1.0
+    assert builds                                                     # other settings: measured on the model anew
+    path = archive.paths(store.archive_key(tiny, CPU))[0]             # the run recomputed to other numbers
+    doc = Archive.read(path)
+    doc["final"]["global_accuracy"] = 0.5
+    Archive.write(path, doc)
+    assert measured("probe", tiny, lambda sim, state: 2.0, settings={"n": 3}, cache_dir=tmp_path / "cache") == 2.0
+
+
+def test_measured_groups_trains_each_run_once_and_then_reads_its_measurements(tiny, tmp_path, archive, measurements,
+                                                                              monkeypatch):
+    from fedlab_core.sweeps import measured_groups
+
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    groups = {"a": [tiny], "b": [tiny.replace(seed=1)]}
+    first = measured_groups("probe", groups, _probe, cache_dir=tmp_path / "cache", max_workers=1)
+    assert set(first) == {"a", "b"} and first["a"][0] != first["b"][0]
+    assert len(list((tmp_path / "cache").glob("*.final"))) == 2 and len(list(archive.entries())) == 2
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("a measured run was trained again"))
+    assert measured_groups("probe", groups, _probe, cache_dir=tmp_path / "empty", max_workers=1) == first
+
+
+def test_a_measurement_names_the_functions_it_runs_and_moves_with_them_alone(tmp_path, monkeypatch):
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "code.py").write_text("def a():\n    return 1\n\n\ndef b():\n    return 2\n")
+    monkeypatch.setattr(store, "__file__", str(package / "store.py"))
+    names = ("code.py::a", "code.py::b", "code.py::gone", "code.py", "gone.py::a")
+    before = store.source_digest(names)
+    assert before["code.py::gone"] == before["gone.py::a"] == "absent" and before["code.py::a"] != before["code.py::b"]
+    (package / "code.py").write_text("def a():\n    return 1\n\n\ndef b():\n    return 3\n")
+    after = store.source_digest(names)
+    assert after["code.py::a"] == before["code.py::a"]                # another function's change leaves it be
+    assert after["code.py::b"] != before["code.py::b"] and after["code.py"] != before["code.py"]

@@ -13,7 +13,7 @@ from fedlab_core.models import MODELS, build_model, meta_model
 from fedlab_core.runs import build
 from fedlab_core.store import History
 from fedlab_core.tuning import (RATES, SECOND_RATE_GRIDS, SECOND_RATES, SEEDS, Tuning, beyond, candidates, settings_table,
-                                  tune, tuned_configs)
+                                  tune, tuned_configs, unsound_cells)
 
 CPU = torch.device("cpu")
 
@@ -378,9 +378,19 @@ def test_the_tuning_never_picks_a_rate_whose_runs_are_degenerate_while_a_sound_o
     assert grid["validation"].idxmax() == 0.1                                        # the shortcut scores best
     assert grid.loc[0.1, "degenerate"].startswith(f"seed {SEEDS[0]} predicts a constant per client")
     assert (grid.loc[[0.01, 0.03], "degenerate"] == "").all()
-    assert t.chosen["fedavg"]["lr"] == 0.03
+    assert t.chosen["fedavg"]["lr"] == 0.03 and t.unsound() == {}
+    configs = {("fedavg", "80%"): [RunConfig(partition="distrans", dh=0.8)],
+               ("fedavg", "100%"): [RunConfig(partition="one_class")]}
+    assert unsound_cells(configs, t, method_of=lambda key: key[0]) == {}
     shortcut.update({0.01, 0.03})                                                  # every rate degenerate
-    assert tune(tiny.replace(lr=None), {"fedavg": {}}, **kwargs).chosen["fedavg"]["lr"] == 0.1
+    every = tune(tiny.replace(lr=None), {"fedavg": {}}, **kwargs)
+    assert every.chosen["fedavg"]["lr"] == 0.1                                       # the plain rule's choice stands,
+    assert every.unsound()["fedavg"].startswith("all 3 of its candidates in the 10-round tuning failed: 3 degenerate")
+    # and the cells of that regime are dropped before any evaluation run; another regime's tuning keeps its own
+    dropped = unsound_cells(configs, t, method_of=lambda key: key[0], regimes={"one class per client": every})
+    assert list(dropped) == [("fedavg", "100%")] and dropped[("fedavg", "100%")].startswith(
+        "fedavg (one class per client): all 3 of its candidates")
+    assert unsound_cells(configs, every, method_of=lambda key: "moon") == {}          # a method not tuned is kept
 
 
 def test_a_choice_at_the_grids_edge_is_answered_with_the_next_rate_beyond_it(monkeypatch, tiny):

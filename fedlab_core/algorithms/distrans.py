@@ -395,3 +395,11 @@ def communication_overhead(backbone: nn.Module, input_shape: tuple[int, int, int
             torch.save(model.state_dict(), buffer)
             out[f"{name}_file_bytes"] = buffer.tell()
     return out
+
+
+def trained_offsets(sim, state) -> list:
+    """Each client's offset at the end of a run (its final `state`, `sim` the run's simulation), as nested lists
+    rounded to 1e-6: what a figure of the offsets draws, stored by :func:`fedlab_core.runs.measured` (with the
+    source ``"algorithms/distrans.py::trained_offsets"``) in place of the run's final state."""
+    return [state.clients[c]["offset"].double().cpu().numpy().round(6).tolist()
+            for c in range(sim.federation.num_clients)]
