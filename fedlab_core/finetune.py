@@ -7,16 +7,19 @@ An experiment of the book, not part of the algorithm: it runs the Single baselin
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from .kernels import deterministic
-from .runs import one_thread, trained
+from .runs import measured, one_thread
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from .engine import Simulation, SimulationState
 
 
 def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str | torch.device = "auto",
@@ -28,8 +31,8 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
     size). Both models are scored on the client's test set. Images go through the model `batch` at a time,
     on `device` ("auto": CUDA when there is a GPU).
 
-    The Single run is an ordinary run, read from the archive or the cache like any other (with its final
-    state): its config holds the rest of each client's training data out as a monitored validation set
+    The Single run is an ordinary run, read from the archive or the cache like any other, and what is measured on
+    its final state is stored (:func:`~fedlab_core.runs.measured`: computed once, then read): its config holds the rest of each client's training data out as a monitored validation set
     (``validation_monitor = 1 - fraction``, ``validation_source = "share"`` whatever `config` says), which is the
     data the head is then fine-tuned on together with the `fraction` trained on.
 
@@ -41,8 +44,16 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
     if not 0 < fraction < 1:
         raise ValueError(f"fraction: must be in (0, 1), got {fraction}")
     # the rest of each client's own data is held out, whatever validation set the chapter's runs monitor
-    sim, state = trained(config.replace(algorithm="single", validation_monitor=1 - fraction, validation_source="share"),
-                         device=device)
+    single = config.replace(algorithm="single", validation_monitor=1 - fraction, validation_source="share")
+    rows = measured("fraug_head_finetuning", single, partial(finetuned_heads, config=single, epochs=epochs, batch=batch),
+                    settings={"epochs": epochs, "batch": batch}, sources=("finetune.py::finetuned_heads",),
+                    device=device)
+    return pd.DataFrame(rows)
+
+
+def finetuned_heads(sim: Simulation, state: SimulationState, config, epochs: int, batch: int) -> list[dict[str, Any]]:
+    """:func:`head_finetuning`'s measurement of the trained Single run `config` (`state` its final state, `sim`
+    its simulation; the config gives the head's optimiser, batches and seed): one row per client."""
     algo, rows = sim.algorithm, []
     with one_thread(), deterministic(sim.federation.x_test.device):   # as the run itself computed
         for c in sim.federation.clients:
@@ -65,4 +76,4 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
                 after = float((head(z_test).argmax(1) == c.y_test).float().mean())
             rows.append({"client": c.domain or c.cid, "trained_on": c.num_train, "finetuned_on": len(y_all),
                          "before": before, "after": after})
-    return pd.DataFrame(rows)
+    return rows

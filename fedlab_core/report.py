@@ -151,7 +151,7 @@ def provenance(h: "History") -> dict[str, Any]:
     meta = h.meta
     archived = archive_key(RunConfig(**h.config), meta.get("device", "cpu"), meta.get("torch"))  # as computed
     return {"seed": h.config["seed"], "key": meta.get("key"), "code_version": meta.get("code_version"),
-            "archive_key": archived, "archived": Archive().paths(archived)[0].exists(),
+            "archive_key": archived, "archived": Archive().path(archived).exists(),
             "device": meta.get("device"), "executor": meta.get("executor", "loop"),
             "data_checksum": meta.get("data_checksum"),
             "split_hash": meta.get("split_hash"), "threads": meta.get("threads"),

@@ -397,19 +397,18 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
 
 def stored(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",
            keep_state: bool = False) -> History | None:
-    """The run's result if the archive or the cache holds it (with its final state, for `keep_state`: one the
-    archive kept, or the cache's), else None; nothing is computed. The archive's entry may have been computed on the other type of device (its meta
+    """The run's result if the archive or the cache holds it (with `keep_state`, only the cache's result whose
+    final state it kept too), else None; nothing is computed. The archive's entry may have been computed on the other type of device (its meta
     says which: :meth:`~fedlab_core.store.Archive.key_of`); the cache's are this device type's. A result found in
     the cache is added to the archive when writing to it is on."""
     device = resolve_device(device)
-    archived = Archive().get(config, device, with_state=keep_state)
-    if archived is not None:
-        return archived
     key = cache_key(config, device)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final_path = folder / f"{key}.final"
-    if keep_state and not final_path.exists():
-        return None
+    if keep_state:   # the archive keeps no states: the cache's result, whose state it kept
+        return _read_result(folder / f"{key}.json", config, key) if (folder / f"{key}.final").exists() else None
+    archived = Archive().get(config, device)
+    if archived is not None:
+        return archived
     cached = _read_result(folder / f"{key}.json", config, key)
     if cached is not None:
         _to_archive(cached, config, device)
@@ -606,15 +605,10 @@ def trained(config: RunConfig, *, cache_dir: str | Path | None = None, device: s
             progress: bool | None = None) -> tuple[Simulation, SimulationState]:
     """The run's simulation and final state, ready to look inside the trained models.
 
-    The run comes from the archive when it holds the run's final state, else from the cache when its final
-    state was kept (and reads back), and is run (and kept) otherwise.
+    The state comes from the cache when it was kept there (and reads back), else the run is computed and its state
+    kept; the archive keeps no states (:func:`measured` stores what a figure reads from them).
     """
     device = resolve_device(device)
-    archive = Archive()
-    if archive.get(config, device, with_state=True) is not None and (state := archive.state(config, device)):
-        sim = build(config, device, progress)
-        sim.resume_state(state)
-        return sim, state
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final_path = folder / f"{cache_key(config, device)}.final"
     for _ in range(2):  # a damaged final state is set aside by _read_state, so the second pass runs it again
@@ -707,6 +701,55 @@ def feature_map(sim: Simulation, state: SimulationState, per_client: int = 0, se
 
 FEATURE_MAP_SOURCES = ("runs.py::feature_map", "runs.py::client_features", "viz.py::umap_embedding",
                        "viz.py::class_separation")
+
+
+def feature_mixing(sim: Simulation, state: SimulationState, per_client: int = 0) -> dict[str, float]:
+    """How a run's trained models mix the clients in feature space (for :func:`measured`, with
+    :data:`FEATURE_MIXING_SOURCES`), on every client's first `per_client` test images as it sees them
+    (:func:`client_features`): the silhouette of the clients and of the classes on the features
+    (:func:`~fedlab_core.viz.class_separation`), and how often an image's 5 nearest neighbours tell its client
+    (scikit-learn's k-NN, 5-fold cross-validated)."""
+    from sklearn.model_selection import cross_val_score
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from .viz import class_separation
+
+    z, y, c = (t.numpy() for t in client_features(sim, state, per_client=per_client))
+    return {"clients": class_separation(z, c), "classes": class_separation(z, y),
+            "neighbours tell the client": float(cross_val_score(KNeighborsClassifier(n_neighbors=5), z, c, cv=5).mean())}
+
+
+def tsne_map(sim: Simulation, state: SimulationState, per_client: int = 0, seed: int = 0) -> dict[str, Any]:
+    """What a t-SNE picture of a run's features draws (for :func:`measured`, with :data:`TSNE_MAP_SOURCES`): every
+    client's first `per_client` test images as it sees them (:func:`client_features`), their 2-D t-SNE
+    (:func:`~fedlab_core.viz.tsne_embedding`, `seed`) rounded to 1e-3, and each point's client and class."""
+    from .viz import tsne_embedding
+
+    z, y, c = client_features(sim, state, per_client=per_client)
+    xy = tsne_embedding(z.numpy(), seed=seed)
+    return {"xy": np.round(xy.astype(np.float64), 3).tolist(), "clients": c.tolist(), "labels": y.tolist()}
+
+
+def test_set_checks(sim: Simulation, state: SimulationState) -> dict[str, Any]:
+    """Where a run's trained model scores (for :func:`measured`, with :data:`TEST_SET_CHECK_SOURCES`): the raw global
+    test set, that test set aligned as the clients' images were (None for a run that aligns nothing), and the
+    clients' own training images as trained on; and the sizes of the clients' test sets. The OT chapter's
+    test-set check."""
+    from .augment.ot_align import OTAlign
+
+    fed = sim.federation   # the clients' data as trained on (aligned when the run aligns)
+    x_train, y_train = torch.cat([c.x_train for c in fed.clients]), torch.cat([c.y_train for c in fed.clients])
+    aligned = sim.augment.align(fed.x_test) if isinstance(sim.augment, OTAlign) else None
+    return {"raw test set": sim.accuracy(state, fed.x_test, fed.y_test),
+            "aligned test set": None if aligned is None else sim.accuracy(state, aligned, fed.y_test),
+            "own training images": sim.accuracy(state, x_train, y_train),
+            "client test sizes": [len(c.y_test) for c in fed.clients]}
+
+
+FEATURE_MIXING_SOURCES = ("runs.py::feature_mixing", "runs.py::client_features", "viz.py::class_separation")
+TSNE_MAP_SOURCES = ("runs.py::tsne_map", "runs.py::client_features", "viz.py::tsne_embedding")
+TEST_SET_CHECK_SOURCES = ("runs.py::test_set_checks", "augment/ot_align.py::OTAlign.align",
+                          "engine.py::Simulation.accuracy")
 
 
 @torch.no_grad()

@@ -14,7 +14,9 @@ tensors, read as data only):
 - :func:`fedlab_core.verification.verify` re-runs the first rounds of one archived run per distinct algorithm,
   augmentation, dataset, model and partition scheme (or every run in full) and requires its per-round numbers to
   be bit-identical to the stored ones, so a change of the library that moves numbers cannot leave the archive
-  silently stale (on the type of device that computed each: elsewhere it reports the run as not checkable).
+  silently stale (on the type of device that computed each: elsewhere it reports the run as not checkable);
+- the **measurements** (:class:`Measurements`, ``book/measurements/``): what the book measured once and keeps,
+  timings and what its figures draw from trained models, so that the archive keeps results, not models.
 """
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ import hashlib
 import io
 import json
 import logging
-import lzma
 import math
 import os
 import pickle
@@ -72,7 +73,7 @@ class History:
     meta: dict[str, Any]
 
     def with_meta(self, **entries: Any) -> "History":
-        """The same run with `entries` added to its meta (what a chapter measured on its final state)."""
+        """The same run with `entries` added to its meta."""
         return dataclasses.replace(self, meta={**self.meta, **entries})
 
     def frame(self) -> pd.DataFrame:
@@ -214,9 +215,6 @@ def _read_result(path: Path, config: "RunConfig", key: str) -> History | None:
     return history
 
 
-_XZ_MAGIC = b"\xfd7zXZ\x00"   # how an xz stream begins: a final state the archive kept (xz-compressed)
-
-
 def _read_state(path: Path, key: str, device: torch.device) -> SimulationState | None:
     """The simulation state saved at `path` (a checkpoint or a kept final state), or None when there is
     none. It is read as data only (tensors, numbers, strings, lists and dicts; no code runs): a file
@@ -225,8 +223,6 @@ def _read_state(path: Path, key: str, device: torch.device) -> SimulationState |
         return None
     try:
         data = path.read_bytes()
-        if data.startswith(_XZ_MAGIC):
-            data = lzma.decompress(data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about the pickle protocol of foreign files
             saved = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
@@ -285,11 +281,9 @@ def archive_key(config: "RunConfig", device: torch.device | str, build: str | No
 
 class Archive:
     """The book's runs, committed in the repository: ``<key>.json.gz`` per run (its :class:`History` as gzipped
-    JSON, the code version and the kernels that computed it in ``meta["code_version"]`` and ``meta["kernels"]``),
-    and ``<key>.final`` for the runs whose final state a figure read before figures read measurements
-    (xz-compressed, read as data only). No final state is added any more: what a figure draws from a trained model
-    is stored as a measurement of the run (:func:`fedlab_core.runs.measured`, :class:`Measurements`), so the
-    archive keeps results, not models.
+    JSON, the code version and the kernels that computed it in ``meta["code_version"]`` and ``meta["kernels"]``).
+    It keeps results, not trained models: what a figure draws from a trained model is stored as a measurement of
+    the run (:func:`fedlab_core.runs.measured`, :class:`Measurements`), and final states stay in the cache.
 
     Writing is switched on by ``FEDLAB_ARCHIVE=write`` in the environment (the book's ``book`` profile
     sets it); reading is always on, so any run of a config the archive holds is read, not recomputed, on either
@@ -309,8 +303,8 @@ class Archive:
     def writing() -> bool:
         return os.environ.get("FEDLAB_ARCHIVE", "") == "write"
 
-    def paths(self, key: str) -> tuple[Path, Path]:
-        return self.folder / f"{key}.json.gz", self.folder / f"{key}.final"
+    def path(self, key: str) -> Path:
+        return self.folder / f"{key}.json.gz"
 
     @staticmethod
     def read(path: Path) -> dict[str, Any]:
@@ -323,9 +317,8 @@ class Archive:
         text = json.dumps(_finite(doc), sort_keys=True).encode()
         _atomic_write(path, lambda f: f.write(gzip.compress(text, compresslevel=9, mtime=0)))
 
-    def key_of(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> str | None:
-        """The key of this run's entry (only if `with_state`, one whose final state is archived too): the entry
-        computed on `device`'s type, else the one computed on the other type of :data:`DEVICE_TYPES` (a CPU's
+    def key_of(self, config: "RunConfig", device: torch.device) -> str | None:
+        """The key of this run's entry: the entry computed on `device`'s type, else the one computed on the other type of :data:`DEVICE_TYPES` (a CPU's
         on a GPU, a GPU's on a CPU); by this PyTorch build, else by another build of its release that the archive
         holds (:data:`ARCHIVE_BUILDS`). So the book reads its runs wherever it is built, each history's meta
         saying where and with which build it was computed; None when there is none."""
@@ -334,34 +327,27 @@ class Archive:
         for build in builds:
             for kind in sorted(DEVICE_TYPES, key=lambda kind: kind != device.type):
                 key = archive_key(config, kind, build)
-                result, final = self.paths(key)
-                if result.exists() and (final.exists() or not with_state):
+                if self.path(key).exists():
                     return key
         return None
 
-    def get(self, config: "RunConfig", device: torch.device, with_state: bool = False) -> History | None:
-        """The archived result of this run (and only if `with_state`, when its final state is archived too),
-        computed on `device`'s type or else on the other (:meth:`key_of`)."""
-        key = self.key_of(config, device, with_state)
+    def get(self, config: "RunConfig", device: torch.device) -> History | None:
+        """The archived result of this run, computed on `device`'s type or else on the other (:meth:`key_of`)."""
+        key = self.key_of(config, device)
         if key is None:
             return None
-        result = self.paths(key)[0]
+        result = self.path(key)
         history = History(**self.read(result))
         if {**_defaults(config), **history.config} != _plain(config.to_dict()):
             raise ValueError(f"{result}: the archive entry holds another run's config; the archive is damaged")
         return history
-
-    def state(self, config: "RunConfig", device: torch.device) -> SimulationState | None:
-        """The archived final state of this run (:meth:`key_of`), on `device`, or None."""
-        key = self.key_of(config, device, with_state=True)
-        return None if key is None else _read_state(self.paths(key)[1], key, device)
 
     def add(self, history: History, config: "RunConfig", device: torch.device) -> Path:
         """Store a finished run; a CPU run only if its recorded kernels are the pinned ones
         (:func:`fedlab_core.kernels.check_pinned`), so that it verifies on every x86-64 machine with AVX2."""
         if device.type == "cpu":
             check_pinned(history.meta.get("kernels") or {})
-        result = self.paths(archive_key(config, device))[0]
+        result = self.path(archive_key(config, device))
         self.write(result, dataclasses.asdict(history))
         return result
 
@@ -380,8 +366,8 @@ class Archive:
         return sum(p.stat().st_size for p in self.folder.rglob("*") if p.is_file())
 
     def summary(self) -> dict[str, Any]:
-        """How many runs it holds, their bytes, the hours they took to compute (their own timings), how many keep
-        a final state, and the code versions that computed them (version -> runs)."""
+        """How many runs it holds, their bytes, the hours they took to compute (their own timings), and the code
+        versions that computed them (version -> runs)."""
         versions: dict[str, int] = {}
         runs = seconds = 0
         for _, h in self.entries():
@@ -389,8 +375,7 @@ class Archive:
             seconds += h.meta.get("seconds") or 0.0
             version = h.meta.get("code_version", "?")
             versions[version] = versions.get(version, 0) + 1
-        return {"runs": runs, "bytes": self.size(), "hours": seconds / 3600, "versions": versions,
-                "with_state": sum(1 for _ in self.folder.glob("*.final"))}
+        return {"runs": runs, "bytes": self.size(), "hours": seconds / 3600, "versions": versions}
 
 
 # ---------------------------------------------------------------------------------------- measurements
@@ -402,8 +387,8 @@ TIMED_LIBRARIES = ("torch", "numpy", "scipy", "POT")
 
 def source_digest(sources: tuple[str, ...]) -> dict[str, str]:
     """Each of the library's sources `sources` -> a digest of its text ("absent" for one the package no longer
-    has): a file (its path inside the package), or one top-level function or class of a file
-    (``"runs.py::client_features"``), so that a measurement names the code it runs and no other."""
+    has): a file (its path inside the package), or one function or class of a file (``"runs.py::client_features"``,
+    a method as ``"engine.py::Simulation.accuracy"``), so that a measurement names the code it runs and no other."""
     package = Path(__file__).resolve().parent
     out = {}
     for source in sources:
@@ -411,9 +396,10 @@ def source_digest(sources: tuple[str, ...]) -> dict[str, str]:
         path = package / name
         text = path.read_bytes() if path.is_file() else None
         if text is not None and definition:
-            tree = ast.parse(text)
-            found = [n for n in tree.body if getattr(n, "name", None) == definition]
-            text = ast.get_source_segment(text.decode(), found[0]).encode() if found else None
+            node: ast.AST | None = ast.parse(text)
+            for part in definition.split("."):
+                node = next((n for n in getattr(node, "body", ()) if getattr(n, "name", None) == part), None)
+            text = ast.get_source_segment(text.decode(), node).encode() if node is not None else None
         out[source] = hashlib.sha256(text).hexdigest()[:12] if text is not None else "absent"
     return out
 

@@ -10,7 +10,7 @@ import torch
 from fedlab_core import kernels
 from fedlab_core import runs as runs_module
 from fedlab_core import store
-from fedlab_core.runs import RunConfig, rerun, run, trained
+from fedlab_core.runs import RunConfig, rerun, run
 from fedlab_core.store import Archive
 from fedlab_core.verification import verify
 
@@ -46,7 +46,7 @@ def test_a_field_added_to_the_config_later_at_its_default_keeps_the_archives_key
     assert "validation" not in store.settings(tiny) and store.settings(tiny)["dataset"] == tiny.dataset
     assert store.archive_key(tiny.replace(validation=0.2), CPU) != key   # a field off its default names the run
     # an entry written before a field existed: its stored config lacks the field, at its default today
-    path = archive.paths(key)[0]
+    path = archive.path(key)
     doc = Archive.read(path)
     del doc["config"]["validation"]
     Archive.write(path, doc)
@@ -68,37 +68,6 @@ def test_use_cache_false_ignores_the_archive(tiny, tmp_path, archive, monkeypatc
     assert calls == [1]
 
 
-def _kept_before(tiny, tmp_path, archive):
-    """A final state as the archive kept them before measurements replaced them: the cache's, xz-compressed beside
-    the run's entry. Returns the state and its path."""
-    import lzma
-
-    _, state = trained(tiny, cache_dir=tmp_path)                           # archived; its state kept in the cache
-    key = store.archive_key(tiny, CPU)
-    final = archive.paths(key)[1]
-    assert not final.exists()                                              # no new state enters the archive
-    store._write_state(tmp_path / "plain", key, state)
-    final.write_bytes(lzma.compress((tmp_path / "plain").read_bytes()))
-    return state, final
-
-
-def test_a_final_state_the_archive_kept_is_read_by_trained(tiny, tmp_path, archive, monkeypatch):
-    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
-    state, _ = _kept_before(tiny, tmp_path, archive)
-    monkeypatch.setattr(runs_module, "run", lambda *a, **k: pytest.fail("trained() ran instead of reading"))
-    sim2, state2 = trained(tiny, cache_dir=tmp_path / "empty")
-    assert state2.rows == state.rows
-    assert torch.equal(state.server["weights"], state2.server["weights"])   # the flat global weights, every bit
-
-
-def test_a_damaged_compressed_state_is_set_aside_not_read(tiny, tmp_path, archive, monkeypatch, caplog):
-    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
-    _, final = _kept_before(tiny, tmp_path, archive)
-    final.write_bytes(final.read_bytes()[:-50])                            # truncated xz stream
-    assert archive.state(tiny, CPU) is None
-    assert final.with_name(final.name + ".damaged").exists() and "cannot be read" in caplog.text
-
-
 def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny, tmp_path, archive, monkeypatch):
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     for config in (tiny, tiny.replace(seed=1), tiny.replace(algorithm="fedprox")):
@@ -110,7 +79,7 @@ def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny
     assert verify(rerun, archive, rounds=2, workers=2) == checks           # side by side: the same checks
     # edit one stored number by hand: verification fails, naming the run and the round
     key = store.archive_key(tiny.replace(algorithm="fedprox"), CPU)
-    path = archive.paths(key)[0]
+    path = archive.path(key)
     doc = Archive.read(path)
     doc["rounds"][1]["mean_client_accuracy"] += 1e-12
     Archive.write(path, doc)
@@ -134,10 +103,10 @@ def test_verify_passes_on_the_codes_own_runs_and_names_a_hand_edited_number(tiny
     assert chosen.key == key and not chosen.same_kernels      # the only fedprox run
     doc["meta"]["seconds"] = 0.0                               # the cheapest fedavg run, but computed elsewhere
     other_key = store.archive_key(tiny.replace(seed=1), CPU)
-    other_doc = Archive.read(archive.paths(other_key)[0])
+    other_doc = Archive.read(archive.path(other_key))
     del other_doc["meta"]["kernels"]
     other_doc["meta"]["seconds"] = 0.0
-    Archive.write(archive.paths(other_key)[0], other_doc)
+    Archive.write(archive.path(other_key), other_doc)
     [fedavg] = [c for c in verify(rerun, archive, rounds=2) if c.label.startswith("fedavg")]
     assert fedavg.key == store.archive_key(tiny, CPU) and fedavg.same_kernels
 
@@ -155,9 +124,9 @@ def test_verification_also_checks_one_run_per_way_of_drawing_a_validation_set(ti
 
     def timed(cheapest):   # the group's run is its cheapest per round: set the timings, not left to the clock
         for key in keys:
-            doc = Archive.read(archive.paths(key)[0])
+            doc = Archive.read(archive.path(key))
             doc["meta"]["seconds"] = 1.0 if key == cheapest else 9.0
-            Archive.write(archive.paths(key)[0], doc)
+            Archive.write(archive.path(key), doc)
         return verify(rerun, archive, rounds=1)
 
     # both validation runs are checked, and the group's run, the run without one, too
@@ -167,9 +136,9 @@ def test_verification_also_checks_one_run_per_way_of_drawing_a_validation_set(ti
     checks = timed(keys[1])
     assert sorted(c.key for c in checks) == sorted(keys[1:]) and all(c.ok for c in checks)
     key = store.archive_key(configs[2], CPU)                  # the unused images' validation curve, edited
-    doc = Archive.read(archive.paths(key)[0])
+    doc = Archive.read(archive.path(key))
     doc["rounds"][0]["client_validation_accuracy"][0] += 1e-12
-    Archive.write(archive.paths(key)[0], doc)
+    Archive.write(archive.path(key), doc)
     assert [c.ok for c in verify(rerun, archive, rounds=1) if c.key == key] == [False]
 
 
@@ -179,7 +148,7 @@ def test_verification_checks_a_reference_recomputed_with_the_pinned_kernels_whil
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     fresh = run(tiny, cache_dir=tmp_path, workers=1)
     key = store.archive_key(tiny, CPU)
-    path = archive.paths(key)[0]
+    path = archive.path(key)
     (archive.folder / store.REFERENCES).mkdir()
     reference = archive.folder / store.REFERENCES / path.name
     reference.write_bytes(path.read_bytes())
@@ -271,7 +240,7 @@ def test_compute_stops_cleanly_when_the_time_runs_out(monkeypatch, tmp_path, cap
 def test_entries_are_gzipped_json_with_the_same_bytes_for_the_same_run(tiny, tmp_path, archive, monkeypatch):
     monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
     history = run(tiny, cache_dir=tmp_path, workers=1)
-    path = archive.paths(store.archive_key(tiny, CPU))[0]
+    path = archive.path(store.archive_key(tiny, CPU))
     first = path.read_bytes()
     assert path.name.endswith(".json.gz") and first[:2] == b"\x1f\x8b"          # gzip's magic number
     assert Archive.read(path)["rounds"] == history.rounds
@@ -336,10 +305,9 @@ def test_an_archived_run_is_read_whatever_device_would_compute_it_now(tiny, tmp_
     assert found.rounds == on_cpu.rounds and found.meta["device"] == "cpu"  # the page shows where it was computed
     cuda_key = _as_computed_on_cuda(on_cpu, tiny, archive)
     assert run(tiny, cache_dir=tmp_path / "empty").meta["device"] == "cuda"  # the device's own entry comes first
-    archive.paths(store.archive_key(tiny, CPU))[0].unlink()
+    archive.path(store.archive_key(tiny, CPU)).unlink()
     monkeypatch.setattr(runs_module, "resolve_device", lambda device: CPU)
     assert archive.key_of(tiny, CPU) == cuda_key and run(tiny, cache_dir=tmp_path / "empty").meta["device"] == "cuda"
-    assert archive.get(tiny, CPU, with_state=True) is None                 # no final state archived
 
 
 def test_an_archived_run_is_read_under_another_build_of_the_same_pytorch_release(tiny, tmp_path, archive,
@@ -373,7 +341,7 @@ def test_verification_reports_a_run_computed_on_a_gpu_as_not_checkable_on_a_mach
     checks = verify(rerun, archive, rounds=2)
     [chosen] = checks                                   # of the group, the run this machine can re-run
     assert chosen.key == store.archive_key(tiny, CPU) and chosen.first_difference is None
-    archive.paths(chosen.key)[0].unlink()
+    archive.path(chosen.key).unlink()
     [check] = verify(lambda h, k: pytest.fail("a GPU's run was re-run on a CPU"), archive, rounds=2,
                      journal=tmp_path / "journal.jsonl")
     assert check.ok and check.key == cuda_key and check.unavailable == "cuda"
@@ -497,7 +465,7 @@ def test_a_figures_measurement_of_a_trained_model_is_stored_once_and_needs_neith
     assert measured("probe", tiny, _probe, settings={"n": 3}, cache_dir=tmp_path / "empty") == value and not builds
     assert measured("probe", tiny, lambda sim, state: 1.0, settings={"n": 4}, cache_dir=tmp_path / "cache") == 1.0
     assert builds                                                     # other settings: measured on the model anew
-    path = archive.paths(store.archive_key(tiny, CPU))[0]             # the run recomputed to other numbers
+    path = archive.path(store.archive_key(tiny, CPU))             # the run recomputed to other numbers
     doc = Archive.read(path)
     doc["final"]["global_accuracy"] = 0.5
     Archive.write(path, doc)
@@ -520,12 +488,41 @@ def test_measured_groups_trains_each_run_once_and_then_reads_its_measurements(ti
 def test_a_measurement_names_the_functions_it_runs_and_moves_with_them_alone(tmp_path, monkeypatch):
     package = tmp_path / "package"
     package.mkdir()
-    (package / "code.py").write_text("def a():\n    return 1\n\n\ndef b():\n    return 2\n")
+    code = "def a():\n    return 1\n\n\ndef b():\n    return {}\n\n\nclass C:\n    def m(self):\n        return {}\n"
+    (package / "code.py").write_text(code.format(2, 4))
     monkeypatch.setattr(store, "__file__", str(package / "store.py"))
-    names = ("code.py::a", "code.py::b", "code.py::gone", "code.py", "gone.py::a")
+    names = ("code.py::a", "code.py::b", "code.py::C.m", "code.py::gone", "code.py::C.gone", "code.py", "gone.py::a")
     before = store.source_digest(names)
-    assert before["code.py::gone"] == before["gone.py::a"] == "absent" and before["code.py::a"] != before["code.py::b"]
-    (package / "code.py").write_text("def a():\n    return 1\n\n\ndef b():\n    return 3\n")
+    assert before["code.py::gone"] == before["code.py::C.gone"] == before["gone.py::a"] == "absent"
+    assert len({before["code.py::a"], before["code.py::b"], before["code.py::C.m"]}) == 3
+    (package / "code.py").write_text(code.format(3, 4))
     after = store.source_digest(names)
-    assert after["code.py::a"] == before["code.py::a"]                # another function's change leaves it be
+    assert after["code.py::a"] == before["code.py::a"] and after["code.py::C.m"] == before["code.py::C.m"]
     assert after["code.py::b"] != before["code.py::b"] and after["code.py"] != before["code.py"]
+    (package / "code.py").write_text(code.format(3, 5))                # a method's change moves the method
+    assert store.source_digest(names)["code.py::C.m"] != after["code.py::C.m"]
+
+
+def test_what_the_chapters_measure_on_a_trained_model_agrees_with_the_run_and_reads_back_as_taken(
+        tiny, tmp_path, archive, measurements, monkeypatch):
+    from functools import partial
+
+    from fedlab_core.runs import TEST_SET_CHECK_SOURCES, test_set_checks
+    from fedlab_core.runs import FEATURE_MIXING_SOURCES, TSNE_MAP_SOURCES, feature_mixing, measured, tsne_map
+
+    monkeypatch.setenv("FEDLAB_ARCHIVE", "write")
+    taken = {"checks": (test_set_checks, TEST_SET_CHECK_SOURCES),
+             "mixing": (partial(feature_mixing, per_client=10), FEATURE_MIXING_SOURCES),
+             "tsne": (partial(tsne_map, per_client=10), TSNE_MAP_SOURCES)}
+    values = {name: measured(name, tiny, measure, sources=sources, cache_dir=tmp_path)
+              for name, (measure, sources) in taken.items()}
+    history = run(tiny, cache_dir=tmp_path)
+    checks = values["checks"]
+    assert checks["aligned test set"] is None                                   # the run aligns nothing
+    assert checks["raw test set"] == pytest.approx(history.final["global_accuracy"])   # the run's own global score
+    assert len(checks["client test sizes"]) == tiny.num_clients and 0 <= checks["own training images"] <= 1
+    assert 0 <= values["mixing"]["neighbours tell the client"] <= 1 and -1 <= values["mixing"]["classes"] <= 1
+    assert len(values["tsne"]["xy"]) == len(values["tsne"]["clients"]) == 10 * tiny.num_clients
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("a stored measurement was taken again"))
+    assert {name: measured(name, tiny, measure, sources=sources, cache_dir=tmp_path / "empty")
+            for name, (measure, sources) in taken.items()} == values

@@ -160,7 +160,7 @@ def test_archived_runs_verify_bit_for_bit_on_an_emulated_cpu(tmp_path):
     keys = [key for _, key in sorted(chosen.values())[:int(os.environ.get("FEDLAB_EMULATED_RUNS", "3"))]]
     assert keys, "the archive holds no run computed with the pinned kernels"
     for key in keys:
-        shutil.copy(archive.paths(key)[0], tmp_path)
+        shutil.copy(archive.path(key), tmp_path)
     code = ("import json\nfrom fedlab_core import kernels, store\nfrom fedlab_core.runs import rerun\n"
             "from fedlab_core.verification import verify\n"
             f"checks = verify(lambda h, k: rerun(h, k, workers=1), store.Archive({str(tmp_path)!r}), rounds=1, "

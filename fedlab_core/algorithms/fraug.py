@@ -395,3 +395,47 @@ def set_momentum(opt: torch.optim.SGD, flat: torch.Tensor) -> None:
     params = [p for group in opt.param_groups for p in group["params"]]
     for p, buffer in zip(params, flat.split([p.numel() for p in params])):
         opt.state[p]["momentum_buffer"] = buffer.view_as(p).clone()
+
+
+# ------------------------------------------------------------------ what the chapter's figures read
+
+def statistics_at_end(sim, state) -> list[dict[str, float]]:
+    """Each client's :meth:`FRAug.synthetic_statistics` on its own training images after a run's last round
+    (`state` its final state, `sim` its simulation), the noise from the client's id: what the chapter's table of
+    the synthetic embeddings reads, stored by :func:`fedlab_core.runs.measured` (sources
+    :data:`STATISTICS_SOURCES`) in place of the final state."""
+    return [sim.algorithm.synthetic_statistics(state.server, state.clients[cid], client.x_train, client.y_train,
+                                               seed=cid)
+            for cid, client in enumerate(sim.federation.clients)]
+
+
+def embedding_map(sim, state, per_client: int) -> dict[str, Any]:
+    """What the chapter's picture of the embeddings draws, measured on a run's final `state`: the real, generated
+    and transformed embeddings (:meth:`FRAug.samples`) of each client's first `per_client` training images, under
+    one UMAP (:func:`~fedlab_core.viz.umap_embedding`, seed 0) as 2-D points per kind rounded to 1e-3, the
+    client and class of each image, and per kind the silhouette of the clients
+    (:func:`~fedlab_core.viz.class_separation`, on the unrounded points). Sources: :data:`MAP_SOURCES`."""
+    import numpy as np
+
+    from ..viz import class_separation, umap_embedding
+
+    kinds = ("real", "generated", "transformed")
+    points, owners, labels = {k: [] for k in kinds}, [], []
+    for cid, client in enumerate(sim.federation.clients):
+        x, y = client.x_train[:per_client], client.y_train[:per_client]
+        made = sim.algorithm.samples(state.server, state.clients[cid], x, y, seed=cid)
+        for k in kinds:
+            points[k].append(made[k].numpy())
+        owners += [cid] * len(y)
+        labels += y.tolist()
+    flat = np.concatenate([np.concatenate(points[k]) for k in kinds])
+    xy = umap_embedding(flat, seed=0).reshape(len(kinds), -1, 2)
+    return {"xy": {k: np.round(pts.astype(np.float64), 3).tolist() for k, pts in zip(kinds, xy)},
+            "owners": owners, "labels": labels,
+            "separation": {k: class_separation(pts, np.array(owners)) for k, pts in zip(kinds, xy)}}
+
+
+STATISTICS_SOURCES = ("algorithms/fraug.py::statistics_at_end", "algorithms/fraug.py::FRAug.synthetic_statistics",
+                      "algorithms/fraug.py::FRAug.samples")
+MAP_SOURCES = ("algorithms/fraug.py::embedding_map", "algorithms/fraug.py::FRAug.samples", "viz.py::umap_embedding",
+               "viz.py::class_separation")
