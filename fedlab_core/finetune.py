@@ -31,10 +31,11 @@ def head_finetuning(config, fraction: float = 0.1, epochs: int = 20, device: str
     size). Both models are scored on the client's test set. Images go through the model `batch` at a time,
     on `device` ("auto": CUDA when there is a GPU).
 
-    The Single run is an ordinary run, read from the archive or the cache like any other, and what is measured on
-    its final state is stored (:func:`~fedlab_core.runs.measured`: computed once, then read): its config holds the rest of each client's training data out as a monitored validation set
-    (``validation_monitor = 1 - fraction``, ``validation_source = "share"`` whatever `config` says), which is the
-    data the head is then fine-tuned on together with the `fraction` trained on.
+    The Single run is an ordinary run, read from the archive or the cache like any other, and what is measured
+    on its final state is stored (:func:`~fedlab_core.runs.measured`: computed once, then read). Its config holds
+    the rest of each client's training data out as a monitored validation set (``validation_monitor = 1 -
+    fraction``, ``validation_source = "share"`` whatever `config` says), which is the data the head is then
+    fine-tuned on together with the `fraction` trained on.
 
     Returns one row per client: ``client`` (its domain or id), ``trained_on`` and ``finetuned_on`` (image
     counts), ``before`` and ``after`` (test accuracy).

@@ -398,9 +398,9 @@ def run(config: RunConfig, *, cache_dir: str | Path | None = None, use_cache: bo
 def stored(config: RunConfig, *, cache_dir: str | Path | None = None, device: str | torch.device = "auto",
            keep_state: bool = False) -> History | None:
     """The run's result if the archive or the cache holds it (with `keep_state`, only the cache's result whose
-    final state it kept too), else None; nothing is computed. The archive's entry may have been computed on the other type of device (its meta
-    says which: :meth:`~fedlab_core.store.Archive.key_of`); the cache's are this device type's. A result found in
-    the cache is added to the archive when writing to it is on."""
+    final state it kept too), else None; nothing is computed. The archive's entry may have been computed on the
+    other type of device (its meta says which: :meth:`~fedlab_core.store.Archive.key_of`); the cache's are this
+    device type's. A result found in the cache is added to the archive when writing to it is on."""
     device = resolve_device(device)
     key = cache_key(config, device)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
