@@ -646,6 +646,7 @@ def measured(name: str, config: RunConfig, measure: Callable[[Simulation, Simula
     a change to any of them measures anew, and ``make verify`` lists the stored measurements it left behind.
     The run is computed first (keeping its final state in the cache) when nothing holds it. Returns the values
     as JSON reads them back."""
+    Measurements.check_name(name)
     device = resolve_device(device)
     history = stored(config, cache_dir=cache_dir, device=device)
     if history is None:
@@ -660,6 +661,7 @@ def is_measured(name: str, config: RunConfig, *, settings: Mapping[str, Any] | N
                 sources: tuple[str, ...] = (), cache_dir: str | Path | None = None,
                 device: str | torch.device = "auto") -> bool:
     """Whether :func:`measured` would read this measurement rather than take it; nothing is computed."""
+    Measurements.check_name(name)
     history = stored(config, cache_dir=cache_dir, device=resolve_device(device))
     return history is not None and Measurements().find(name, _measured_as(config, history, settings),
                                                        sources, libraries=()) is not None

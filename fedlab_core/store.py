@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import pickle
+import re
 import sys
 import tempfile
 import time
@@ -448,7 +449,15 @@ class Measurements:
     def __init__(self, folder: str | Path | None = None):
         self.folder = Path(folder or os.environ.get("FEDLAB_MEASUREMENTS_DIR") or MEASUREMENTS_DIR)
 
+    @staticmethod
+    def check_name(name: str) -> None:
+        """Raise ValueError unless `name` is lower-case letters, digits and underscores (it names a file, and the
+        measurement's key follows it after a hyphen)."""
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_]+", name):
+            raise ValueError(f"name: a measurement's name is lower-case letters, digits and underscores; got {name!r}")
+
     def path(self, name: str, key: str) -> Path:
+        self.check_name(name)
         return self.folder / f"{name}-{key}.json"
 
     def find(self, name: str, settings: dict[str, Any], sources: tuple[str, ...],

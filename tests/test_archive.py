@@ -416,6 +416,18 @@ def test_remeasure_must_be_a_switch(measurements):
         measurements.get("cost", {}, lambda: [1.0], ("augment/ot_align.py",), remeasure="yes")
 
 
+def test_a_measurement_with_a_name_that_cannot_name_its_file_is_refused_before_any_run(tiny, tmp_path, measurements,
+                                                                                      monkeypatch):
+    from fedlab_core.runs import measured
+
+    monkeypatch.setattr(runs_module, "build", lambda *a, **k: pytest.fail("a run started for a refused name"))
+    for bad in ("../cost", "Cost", "a-b", ""):
+        with pytest.raises(ValueError, match="^name: a measurement's name is lower-case letters"):
+            measured(bad, tiny, lambda sim, state: 1.0, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="^name: "):
+        measurements.get("a/b", {}, lambda: [1.0], ())
+
+
 def test_make_verify_fails_on_a_stale_timing(monkeypatch, tmp_path, capsys, measurements):
     from fedlab_core import book, verification
 
