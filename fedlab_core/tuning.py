@@ -146,17 +146,19 @@ class Tuning:
         """The methods none of whose candidates is sound, so that no rate could be chosen for them: every
         candidate had a seed diverge (no score) or degenerate (:func:`~fedlab_core.verdicts.degenerate`).
         Method -> why, for the page (how many candidates, and the first's reason)."""
-        out = {}
+        out: dict[str, str] = {}
+        if self.grid.empty:
+            return out
         for method, group in self.grid.groupby("method", sort=False):
-            failed = group["validation"].isna() | (group["degenerate"] != "")
-            if failed.all():
-                diverged = int(group["validation"].isna().sum())
-                first = next((why for why in group["degenerate"] if why), "")
-                out[method] = (f"all {len(group)} of its candidates in the {self.rounds}-round tuning failed: "
-                               + ", ".join(part for part in (f"{diverged} diverged" if diverged else "",
-                                                             f"{len(group) - diverged} degenerate"
-                                                             + (f" (e.g. {first})" if first else "")
-                                                             if len(group) > diverged else "") if part))
+            if not (group["validation"].isna() | (group["degenerate"] != "")).all():
+                continue
+            diverged = int(group["validation"].isna().sum())
+            first = next((why for why in group["degenerate"] if why), "")
+            parts = [f"{diverged} diverged"] if diverged else []
+            if len(group) > diverged:
+                parts.append(f"{len(group) - diverged} degenerate" + (f" (e.g. {first})" if first else ""))
+            out[method] = (f"all {len(group)} of its candidates in the {self.rounds}-round tuning failed: "
+                           + ", ".join(parts))
         return out
 
     def table(self) -> "pd.DataFrame":
