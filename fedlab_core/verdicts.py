@@ -660,6 +660,14 @@ def number(values: Sequence[float] | Mapping[int, float], claimed: float, claim:
     return Verdict(verdict=verdict, mean=mean, stderr=se, low=low, high=high, reason=reason, p=p, **common)
 
 
+def blind_to_input(h: "History") -> bool:
+    """Whether a run's final models ignore their input: at least :data:`BLIND_SHARE` of each client's predictions
+    stay the same when its images are replaced by noise (``meta["unchanged_under_noise"]``, measured at the run's
+    end); False where that was not measured."""
+    blind = h.meta.get("unchanged_under_noise")
+    return blind is not None and len(blind) > 0 and min(blind) >= BLIND_SHARE
+
+
 def degenerate(h: "History", metric: str = "mean_client_accuracy") -> str:
     """Why a run cannot stand behind a verdict although it may pass the convergence test, or "" when it can.
 
@@ -689,10 +697,9 @@ def degenerate(h: "History", metric: str = "mean_client_accuracy") -> str:
             and len(set(tail[0])) == 1:
         return (f"predicts a constant per client (every client scores {tail[0][0]:.3f} at each of its last {k} "
                 f"evaluations)")
-    blind = h.meta.get("unchanged_under_noise")
-    if blind is not None and len(blind) and min(blind) >= BLIND_SHARE:
-        return (f"ignores its input (at least {100 * min(blind):.0f}% of each client's predictions unchanged when "
-                f"its images are replaced by noise)")
+    if blind_to_input(h):
+        return (f"ignores its input (at least {100 * min(h.meta['unchanged_under_noise']):.0f}% of each client's "
+                f"predictions unchanged when its images are replaced by noise)")
     if not _diverged(h, metric) and curve(h, metric) and metric.endswith("accuracy"):
         peak, end = max(curve(h, metric).values()), score(h, metric)
         if peak - end > COLLAPSE:
