@@ -53,7 +53,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from .algorithms.base import Algorithm, Message, mean_loss
+from .algorithms.base import Algorithm, Message, copy_all, mean_loss
 from .data.federation import ClientData
 from .data.transforms import TRAIN_TRANSFORMS
 
@@ -176,40 +176,51 @@ def local_updates(tasks: list[Task], chunk: int | None = None) -> list[tuple[boo
 
 
 def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
-    """:func:`local_updates` for clients trained together: start each, draw its batches, train all, finish each."""
+    """:func:`local_updates` for clients trained together: start each, draw its batches, train all, finish each.
+    Each client's starting entries are copied into rows of tensors stacked over the chunk's clients, and its trained
+    ones back into the workspace model, each by one fused copy (:func:`copy_all`): on a GPU a few launches a client,
+    not one an entry."""
     results: list[Any] = [None] * len(tasks)
-    live, starts, contexts, batches = [], [], [], []
+    live, contexts, batches = [], [], []
+    starts: dict[str, torch.Tensor] = {}  # (clients, ...) by entry: row j is the j-th live client's
     for i, (algorithm, data, message, state, rng) in enumerate(tasks):
         try:
             contexts.append(algorithm.start(message, state))
-            params = dict(algorithm.model.named_parameters())
-            starts.append({**{n: p.detach().clone() for n, p in params.items() if p.requires_grad},
-                           **{n: b.detach().clone() for n, b in algorithm.model.named_buffers()},
-                           **{f"input.{n}": getattr(algorithm.model, n).detach().clone()
-                              for n in algorithm.trained_inputs()[0]}})
+            entries = _entries(algorithm)
+            if not starts:
+                starts = {n: v.new_empty((len(tasks), *v.shape)) for n, v in entries.items()}
+            copy_all([starts[n][len(live)] for n in entries], list(entries.values()))
             batches.append(_drawn(algorithm, data, rng))
             live.append(i)
         except Exception as err:
+            if len(contexts) > len(live):
+                contexts.pop()
             results[i] = (False, err)
     if not live:
         return results
     try:
-        trained, totals = _train([tasks[i][0] for i in live], starts, contexts, batches)
+        trained, totals = _train([tasks[i][0] for i in live], {n: v[:len(live)] for n, v in starts.items()},
+                                 contexts, batches)
     except Exception as err:
         return [(False, err) if i in live else r for i, r in enumerate(results)]
     for j, i in enumerate(live):
         algorithm, data, message, state, _ = tasks[i]
         try:
-            algorithm.start(message, state)  # the client's whole starting model, then its trained parameters
-            entries = {**dict(algorithm.model.named_parameters()), **dict(algorithm.model.named_buffers()),
-                       **{f"input.{n}": getattr(algorithm.model, n) for n in algorithm.trained_inputs()[0]}}
-            with torch.no_grad():
-                for n, v in trained[j].items():
-                    entries[n].copy_(v)
+            algorithm.start(message, state)  # the client's whole starting model, then its trained entries
+            entries = _entries(algorithm)
+            copy_all(list(entries.values()), [trained[j][n] for n in entries])
             results[i] = (True, algorithm.finish(data, mean_loss(totals[j], len(batches[j])), state))
         except Exception as err:
             results[i] = (False, err)
     return results
+
+
+def _entries(algorithm: Algorithm) -> dict[str, torch.Tensor]:
+    """What a client's steps change in the workspace model, by name: its trained parameters, its buffers and its
+    trained inputs (``"input.<name>"``)."""
+    model = algorithm.model
+    return {**{n: p for n, p in model.named_parameters() if p.requires_grad}, **dict(model.named_buffers()),
+            **{f"input.{n}": getattr(model, n) for n in algorithm.trained_inputs()[0]}}
 
 
 def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -447,19 +458,20 @@ def _captured(fn, warmup: int = 2):
     return graph.replay
 
 
-def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
-           contexts: list[dict[str, torch.Tensor]], batches: list[list[tuple[torch.Tensor, torch.Tensor]]]
+def _train(algorithms: list[Algorithm], starts: dict[str, torch.Tensor], contexts: list[dict[str, torch.Tensor]],
+           batches: list[list[tuple[torch.Tensor, torch.Tensor]]]
            ) -> tuple[list[dict[str, torch.Tensor]], list[torch.Tensor]]:
-    """Each client's trained parameters and its summed step losses: every client's optimiser steps on its own
-    batches, from its own start, at its run's rates. The clients of one mapped program (:func:`_calls`) take
-    their steps together, every batch padded to the largest batch size; on a GPU a program is padded to
-    :data:`WIDTH` clients, copies of its first with no sample to train on, whose results are dropped."""
+    """Each client's trained entries (:func:`_entries`) and its summed step losses: every client's optimiser steps
+    on its own batches, from its own start (`starts`: each entry stacked over the clients), at its run's rates.
+    The clients of one mapped program (:func:`_calls`) take their steps together, every batch padded to the
+    largest batch size; on a GPU a program is padded to :data:`WIDTH` clients, copies of its first with no sample
+    to train on, whose results are dropped."""
     first = algorithms[0]
     names = [n for n, p in first.model.named_parameters() if p.requires_grad]
     buffer_names = [n for n, _ in first.model.named_buffers()]
     for model in {id(a.model): a.model for a in algorithms}.values():  # each run's model once, not once a client
         model.train()
-    device = starts[0][names[0]].device
+    device = starts[names[0]].device
     size = max(len(y) for client_batches in batches for _, y in client_batches)
     trained: list[Any] = [None] * len(batches)
     totals: list[Any] = [None] * len(batches)
@@ -470,13 +482,14 @@ def _train(algorithms: list[Algorithm], starts: list[dict[str, torch.Tensor]],
         # the padding clients up to the width, copies of the first with no sample, so no step (:meth:`_Program.run`
         # pads step by step, so as to hold only one step of their empty batches)
         call = call + call[:1] * (WIDTH.get(device.type, n) - n)
+        rows = torch.tensor(call, device=device)
         kind = _kind(algorithms[call[0]])
-        params = {k: torch.stack([starts[c][k] for c in call]) for k in names}
-        buffers = {k: torch.stack([starts[c][k] for c in call]) for k in buffer_names}
+        params = {k: starts[k].index_select(0, rows) for k in names}
+        buffers = {k: starts[k].index_select(0, rows) for k in buffer_names}
         rates = {k: torch.tensor([float(getattr(algorithms[c].training, k) or 0.0) for c in call],
                                  dtype=torch.float64, device=device) for k in RATES}
         state = {**_optimiser_state(kind[0], kind[1], params),
-                 **{k: torch.stack([starts[c][k] for c in call]) for k in starts[call[0]] if k.startswith("input.")}}
+                 **{k: v.index_select(0, rows) for k, v in starts.items() if k.startswith("input.")}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
         carry, fixed, data = (params, state, buffers), (context, rates), (x, y, real, live)
         program = _program(first, names, kind, carry, fixed, data, len(call), GRAPHS.get(device.type, False))

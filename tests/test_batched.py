@@ -367,3 +367,26 @@ def test_a_sweep_on_a_gpu_trains_each_grid_together_and_returns_the_runs_in_orde
     out = sweeps.sweep(configs, use_cache=False, device="cuda")
     assert asked == [GRID, [prox]]  # the grid's rates and seeds together, the other method apart
     assert out == [f"{c.algorithm} {c.seed} {c.lr}" for c in configs]
+
+
+def test_a_client_failing_after_its_start_fails_alone_and_the_others_keep_their_own_context(monkeypatch):
+    # SCAFFOLD after a round: each client's control variate, its context, is its own
+    sim = build(CASE.replace(executor="batched", algorithm="scaffold", momentum=0.0), CPU, progress=False)
+    state = sim.initial_state()
+    sim.run_round(state)
+    selected, messages = sim.messages(state)
+    alone = batched.local_updates([t for t in sim.tasks(state, selected, messages) if t[1].cid != 1])
+    drawn = batched._drawn
+
+    def failing(algorithm, data, rng):
+        if data.cid == 1:
+            raise RuntimeError("no batches for client 1")
+        return drawn(algorithm, data, rng)
+
+    monkeypatch.setattr(batched, "_drawn", failing)
+    results = batched.local_updates(sim.tasks(state, selected, messages))
+    assert not results[1][0] and "client 1" in str(results[1][1])
+    others = [r for cid, r in zip(selected, results) if cid != 1]
+    for (ok, (upload, client)), (_, (upload_alone, client_alone)) in zip(others, alone, strict=True):
+        assert ok and torch.equal(client["control"], client_alone["control"])
+        assert all(torch.equal(v, upload_alone.tensors[k]) for k, v in upload.tensors.items())

@@ -7,6 +7,7 @@ from torch import nn
 
 from fedlab_core.algorithms import FedAvg, FlatState, Message, NonFiniteLossError, Training, weighted_mean
 from fedlab_core.data import federate, load_dataset
+from fedlab_core.algorithms.base import copy_all
 from fedlab_core.engine import Simulation, client_generator
 from fedlab_core.models import build_model
 from fedlab_core.runs import build
@@ -44,6 +45,17 @@ def test_flat_state_round_trip_includes_bn_buffers():
     assert torch.equal(model.bn.running_mean, v[offset:offset + 8])
     assert torch.equal(flat.view(v, "bn.running_mean"), v[offset:offset + 8])
     assert flat.view(v, "fc.weight").shape == (8, 64)
+
+
+def test_copy_all_copies_each_pair_whatever_its_types_with_the_bits_of_copy():
+    targets = [torch.zeros(3), torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.float64)]
+    sources = [torch.tensor([-0.0, 1e-45, float("nan")]), torch.tensor([7, 8]), torch.tensor([0.1, -2.0])]
+    copy_all(targets, sources)
+    assert torch.equal(targets[0].view(torch.int32), sources[0].view(torch.int32))  # -0.0, a subnormal, NaN
+    assert targets[1].tolist() == [7, 8]
+    assert torch.equal(targets[2], torch.zeros(2, dtype=torch.float64).copy_(sources[2]))  # converted as copy_ does
+    with pytest.raises(ValueError):
+        copy_all(targets, sources[:2])
 
 
 def test_fedavg_round_averages_every_float_entry_including_bn_statistics():
