@@ -16,7 +16,8 @@ local epoch, momentum 0.9, every client sampled. Four measurements, each printed
    K = 100 on 20,000 images both sit at chance after 3 rounds: it compares something where the runs have learned).
 
 4. where a batched round's time goes (``--parts 4``): the functions taking the most time in rounds 2 to ``--rounds``
-   at the largest K, by cProfile (the GPU's work shows where the host waits for it).
+   at the largest K, by cProfile (the GPU's work shows where the host waits for it), and the share of the local
+   training spent around the mapped steps (starting the clients, drawing their batches, finishing them).
 
 No test asserts on these numbers. Usage: ``python benchmarks/gpu.py [--train 60000] [--clients 10 100 1000]``;
 ``--device cpu`` runs the same script on a CPU (to check it, not to measure).
@@ -156,7 +157,15 @@ def profile(args, device: torch.device) -> None:
         sim.run(on_round_end=lambda state: profiler.enable() if len(state.rows) == 1 else None)
     profiler.disable()
     print(f"\n4. where rounds 2 to {args.rounds} of K={k} batched spend their time (cProfile, own time first)")
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+    stats = pstats.Stats(profiler)
+    cumulative = {name: sum(row[3] for (_, _, function), row in stats.stats.items() if function == name)
+                  for name in ("run_round", "local_updates", "_train")}
+    outside = cumulative["local_updates"] - cumulative["_train"]
+    print(f"rounds {cumulative['run_round']:.3f} s; local training {cumulative['local_updates']:.3f} s, of which the "
+          f"mapped steps {cumulative['_train']:.3f} s and around them (starting the clients, drawing their batches, "
+          f"finishing them) {outside:.3f} s "
+          f"({outside / max(cumulative['local_updates'], 1e-9):.0%})", flush=True)
+    stats.sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":
