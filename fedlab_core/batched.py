@@ -39,7 +39,7 @@ Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix,
 acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
 
 Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own (pFedMe,
-pFedHN, FedAWS, FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers
+FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers
 other than batch norm's, and dropout (it draws from the global stream per client). Batch norm keeps each client's
 own running statistics and computes a batch's statistics over its real samples (:func:`_norm`): the loop's
 formulas, summed in another order.

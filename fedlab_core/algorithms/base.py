@@ -214,7 +214,9 @@ class Algorithm(Configurable):
         that reads the model, the batch and :meth:`frozen_models`, with the gradients :meth:`correct` gives),
         then :meth:`finish`. On the batched executor's padded batches the loss's `client_state` is ``{"real": (B,)
         bool}``; the padding's logits of the model's forward are replaced by constants of zero loss, and a loss
-        that computes its logits otherwise (MOON) sums its real samples' terms over B itself.
+        that computes its logits otherwise (MOON, FedAwS) sums its real samples' terms over B itself. Every trained
+        parameter must be reached by the loss (the executor steps it, weight decay included, where the loop's
+        optimiser skips a parameter without a gradient): one it never reaches is not trained (FedAwS's head bias).
         Each class says so itself: a subclass is not batched unless it sets it (FRAug is FedBN with a step of its
         own).
     """

@@ -59,10 +59,13 @@ def spreadout_step(w: torch.Tensor, lr: float, margin: float) -> torch.Tensor:
     return (w - lr * grad).detach()
 
 
-def positive_loss(z: torch.Tensor, w: torch.Tensor, y: torch.Tensor, positive_margin: float) -> torch.Tensor:
-    """Mean over the batch of ``max(0, positive_margin - cos(z_i, w_{y_i}))^2``; z (B, D), w (C, D), y (B,)."""
+def positive_loss(z: torch.Tensor, w: torch.Tensor, y: torch.Tensor, positive_margin: float,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Mean over the batch of ``max(0, positive_margin - cos(z_i, w_{y_i}))^2``; z (B, D), w (C, D), y (B,).
+    ``reduction="none"``: each sample's term, (B,)."""
     cos = (F.normalize(z, dim=1) * F.normalize(w, dim=1)[y]).sum(1)  # (B,)
-    return F.relu(positive_margin - cos).pow(2).mean()
+    each = F.relu(positive_margin - cos).pow(2)
+    return each.mean() if reduction == "mean" else each
 
 
 class FedAwS(Algorithm):
@@ -79,6 +82,7 @@ class FedAwS(Algorithm):
     """
 
     name = "fedaws"
+    batched = True
     constraints = {"spreadout_weight": Range(0), "server_lr": Range(0), "server_steps": Range(1),
                    "margin": Range(0), "positive_margin": Range(-1, 1)}
 
@@ -97,17 +101,24 @@ class FedAwS(Algorithm):
         self.embedding_name = next(f"{n}.weight" for n, m in model.named_modules() if m is model.head)
         if self.embedding_name not in self.shared.names:
             raise ValueError(f"FedAwS needs shared class embeddings; {self.embedding_name!r} is declared local")
+        if model.head.bias is not None:  # no loss and no prediction reads it: not trained (no weight decay either)
+            model.head.bias.requires_grad_(False)
         return server
 
-    def local_update(self, message, client_state, data, rng):
-        upload, client_state = super().local_update(message, client_state, data, rng)
+    def finish(self, data, loss, client_state):
+        upload, client_state = super().finish(data, loss, client_state)
         # which class embeddings this client trained (the server knows each client's class in the paper)
         upload.tensors["class_counts"] = torch.bincount(data.y_train, minlength=self.federation.num_classes).float()
         return upload, client_state
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
         labels = y if y.dim() == 1 else y.argmax(1)  # (B,) soft targets: the dominant class
-        return positive_loss(self.model.features(x), self.model.head.weight, labels, self.positive_margin)
+        real = client_state.get("real")  # the batched executor's padded batch: which of its samples are real
+        z, w = self.model.features(x), self.model.head.weight
+        if real is None:
+            return positive_loss(z, w, labels, self.positive_margin)
+        each = positive_loss(z, w, labels, self.positive_margin, reduction="none")
+        return torch.where(real, each, 0.0).sum() / len(real)  # the padding adds nothing, not even a gradient
 
     def aggregate(self, server_state, uploads, round_idx):
         weights = weighted_mean([m.tensors["weights"] for _, m in uploads], [m.num_samples for _, m in uploads])

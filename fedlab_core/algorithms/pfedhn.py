@@ -87,6 +87,7 @@ class PFedHN(Algorithm):
     """
 
     name = "pfedhn"
+    batched = True
     paper_training = Training(local_steps=50, batch_size=64, lr=5e-3, momentum=0.9, weight_decay=5e-5)
     global_model = False  # a personal model per client; the mean-embedding model is ours, not the paper's
     constraints = {"embed_dim": Range(0), "hidden_dim": Range(1), "hn_layers": Range(0),
@@ -130,12 +131,14 @@ class PFedHN(Algorithm):
             tensors["buffers"] = server_state["buffers"]
         return Message(tensors)
 
-    def local_update(self, message: Message, client_state: dict[str, Any], data: ClientData,
-                     rng: torch.Generator) -> tuple[Message, dict[str, Any]]:
-        sent = message.tensors["weights"]  # (P,)
-        self._load(sent, message.tensors.get("buffers"))
-        loss = self.train_local(data, rng, client_state)
-        tensors = {"delta": self.params.get() - sent}  # (P,)
+    def start(self, message: Message, client_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The client's generated weights h(v_i) (and the averaged buffers) into the workspace model."""
+        self._sent = message.tensors["weights"]  # (P,)
+        self._load(self._sent, message.tensors.get("buffers"))
+        return {}
+
+    def finish(self, data: ClientData, loss: float, client_state: dict[str, Any]) -> tuple[Message, dict[str, Any]]:
+        tensors = {"delta": self.params.get() - self._sent}  # (P,)
         if self.buffers.size:
             tensors["buffers"] = self.buffers.get()
         return Message(tensors, num_samples=data.num_train, metrics={"loss": loss}), client_state
@@ -170,9 +173,20 @@ class PFedHN(Algorithm):
 
     # ------------------------------------------------------------------ building blocks
 
+    @torch.no_grad()
     def before_step(self, client_state: dict[str, Any]) -> None:
-        if self.client_grad_clip:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.client_grad_clip)
+        params = {name: p for name, p in self.model.named_parameters() if p.grad is not None}
+        for name, grad in self.correct({n: p.grad for n, p in params.items()}, params, {}).items():
+            params[name].grad = grad
+
+    def correct(self, grads, params, context):
+        """The gradients clipped to a total norm of ``client_grad_clip``, as ``nn.utils.clip_grad_norm_`` clips
+        them (its arithmetic, so its bits on a CPU)."""
+        if not self.client_grad_clip or not grads:
+            return grads
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads.values()]), 2.0)
+        factor = torch.clamp(self.client_grad_clip / (total + 1e-6), max=1.0)
+        return {name: g * factor for name, g in grads.items()}
 
     @torch.no_grad()
     def generate(self, server_state: dict[str, Any], cid: int) -> torch.Tensor:
