@@ -38,8 +38,13 @@ would compute dropped, or from the model step's own gradients (joint), as the lo
 Augmentations that transform a batch without the model (FedRDN, mixup, NaiveMix, normalisation; OT alignment
 acts before training) are applied as the batches are drawn, in the loop's order on the client's generator.
 
-Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own (pFedMe,
-FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers
+A method that steps by a rule of its own (:meth:`Algorithm.step_rule`: pFedMe's proximal steps towards the
+client's local copy of the global model, which it carries beside the model, :meth:`Algorithm.carried`) runs that
+rule mapped over the clients, each of its gradients from the functional loss, in place of the optimiser's step;
+the loop runs the same rule on the workspace model.
+
+Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own
+(FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers
 other than batch norm's, and dropout (it draws from the global stream per client). Batch norm keeps each client's
 own running statistics and computes a batch's statistics over its real samples (:func:`_norm`): the loop's
 formulas, summed in another order.
@@ -77,6 +82,8 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
     if not algorithm.batched:
         return f"{algorithm.name!r} has a local step of its own"
     for method in ("local_update", "train_local", "train_step", "make_optimizer", "batches"):
+        if method == "train_step" and own_rule(algorithm):
+            continue  # the loop's form of its step rule
         if getattr(type(algorithm), method) is not getattr(Algorithm, method):  # a subclass's, say a lab's
             return f"{algorithm.name!r} has a local step of its own ({method}; padded batches need the base one)"
     if algorithm.augment is not None and not algorithm.augment.batched:
@@ -89,6 +96,12 @@ def unsupported(algorithm: Algorithm, model: nn.Module) -> str | None:
     if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules()):
         return f"{type(model).__name__} has dropout, which draws from the global stream"
     return None
+
+
+def own_rule(algorithm: Algorithm) -> bool:
+    """Whether the method steps by a rule of its own (:meth:`Algorithm.step_rule`: pFedMe's proximal steps) rather
+    than by the optimiser."""
+    return type(algorithm).step_rule is not Algorithm.step_rule
 
 
 def _norm(module: _BatchNorm, x: torch.Tensor, real: torch.Tensor, out: dict[str, torch.Tensor], name: str
@@ -216,11 +229,12 @@ def _chunk(tasks: list[Task]) -> list[tuple[bool, Any]]:
 
 
 def _entries(algorithm: Algorithm) -> dict[str, torch.Tensor]:
-    """What a client's steps change in the workspace model, by name: its trained parameters, its buffers and its
-    trained inputs (``"input.<name>"``)."""
+    """What a client's steps change, by name: the workspace model's trained parameters, its buffers and its trained
+    inputs (``"input.<name>"``), and the tensors the method carries beside them (``"carried.<name>"``)."""
     model = algorithm.model
     return {**{n: p for n, p in model.named_parameters() if p.requires_grad}, **dict(model.named_buffers()),
-            **{f"input.{n}": getattr(model, n) for n in algorithm.trained_inputs()[0]}}
+            **{f"input.{n}": getattr(model, n) for n in algorithm.trained_inputs()[0]},
+            **{f"carried.{n}": t for n, t in algorithm.carried().items()}}
 
 
 def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -237,6 +251,7 @@ def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list
     return out
 
 
+CARRIED = ("input.", "carried.")  # a client's tensors carried through its steps beside its optimiser's state
 RATES = ("lr", "momentum", "weight_decay")  # the local training's rates, which may differ between runs together
 
 
@@ -269,22 +284,38 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
     losses. The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss
     and gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
     client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to its
-    loss."""
+    loss. A method with a step rule of its own (:func:`own_rule`) steps by that rule instead of the optimiser, its
+    carried tensors in the optimiser state's place."""
     loss_module = _Loss(algorithm)
     beta1, beta2 = ADAM_BETAS
 
     frozen = tuple(f"{name}." for name in loss_module.frozen)
 
     input_rates, joint = algorithm.trained_inputs()
+    own = own_rule(algorithm)
 
     def step(p, o, b, context, rates, x, y, real, live):
         lr = rates["lr"]
         entries = {f"frozen.{k}": v for k, v in context.items() if k.startswith(frozen)} if frozen else {}
         scale = real.numel() / real.sum().clamp(min=1)
 
-        def loss_of(q, inputs):
-            return functional_call(loss_module, {**{f"model.{n}": v for n, v in (q | b).items()}, **entries},
+        def loss_of(q, inputs, buffers=b):
+            return functional_call(loss_module, {**{f"model.{n}": v for n, v in (q | buffers).items()}, **entries},
                                    (x, y, real, inputs))
+
+        if own:  # the method's rule, its gradients each from the buffers the previous one left
+            held = dict(b)
+
+            def gradient(q):
+                grads, (loss, new_b) = grad_and_value(lambda q: loss_of(q, {}, held), has_aux=True)(q)
+                held.update({n: torch.where(live, v, held[n]) for n, v in new_b.items()})
+                return algorithm.correct({n: g * scale for n, g in grads.items()}, q, context), loss * scale
+
+            carried = {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
+            new_p, new_c, loss = algorithm.step_rule(p, carried, gradient, lr)
+            return ({n: torch.where(live, new_p[n], p[n]) for n in names},
+                    {f"carried.{n}": torch.where(live, v, carried[n]) for n, v in new_c.items()}, held,
+                    torch.where(live, loss, 0.0))
 
         def stepped(inputs, grads):  # their plain SGD step; a client without a batch keeps its own
             return {n: torch.where(live, t - input_rates[n] * (grads[n] * scale), t) for n, t in inputs.items()}
@@ -488,14 +519,14 @@ def _train(algorithms: list[Algorithm], starts: dict[str, torch.Tensor], context
         buffers = {k: starts[k].index_select(0, rows) for k in buffer_names}
         rates = {k: torch.tensor([float(getattr(algorithms[c].training, k) or 0.0) for c in call],
                                  dtype=torch.float64, device=device) for k in RATES}
-        state = {**_optimiser_state(kind[0], kind[1], params),
-                 **{k: v.index_select(0, rows) for k, v in starts.items() if k.startswith("input.")}}
+        state = {**({} if own_rule(first) else _optimiser_state(kind[0], kind[1], params)),
+                 **{k: v.index_select(0, rows) for k, v in starts.items() if k.startswith(CARRIED)}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
         carry, fixed, data = (params, state, buffers), (context, rates), (x, y, real, live)
         program = _program(first, names, kind, carry, fixed, data, len(call), GRAPHS.get(device.type, False))
         (params, state, buffers), total = program.run(carry, fixed, data)
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}
-            trained[c].update({k: v[j] for k, v in state.items() if k.startswith("input.")})
+            trained[c].update({k: v[j] for k, v in state.items() if k.startswith(CARRIED)})
             totals[c] = total[j]
     return trained, totals

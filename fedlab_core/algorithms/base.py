@@ -410,6 +410,23 @@ class Algorithm(Configurable):
         :meth:`train_step`). Here none."""
         return {}, False
 
+    def carried(self) -> dict[str, torch.Tensor]:
+        """Tensors besides the model that a client's steps update under a step rule of the method's own
+        (:meth:`step_rule`), by name, as :meth:`start` left them (pFedMe's local copy w of each parameter); the
+        batched executor carries them client by client and puts their trained values back before :meth:`finish`.
+        Here none."""
+        return {}
+
+    def step_rule(self, params: dict[str, torch.Tensor], carried: dict[str, torch.Tensor], gradient, lr
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+        """A local step of the method's own on one batch (pFedMe's proximal steps), written on tensors so that
+        both executors run it: from the trainable `params` and the :meth:`carried` tensors, by name, and
+        `gradient(params)`, which returns the loss's gradients by name (corrected by :meth:`correct`) and the loss,
+        returns the new params, the new carried tensors and the step's loss; `lr` is the local rate (a float, or a
+        float64 tensor in the batched executor). A method that defines it has its :meth:`train_step` run it in the
+        loop. Here none: the step is the optimiser's on :meth:`loss`."""
+        raise NotImplementedError
+
     def frozen_models(self) -> dict[str, nn.Module]:
         """Modules besides the model that :meth:`loss` runs without training them and whose weights are the
         client's (MOON's global and previous models), by name; the batched executor puts each client's weights

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..params import Range
-from .base import Algorithm, Training, weighted_mean
+from .base import Algorithm, Training, copy_all, weighted_mean
 
 
 class PFedMe(Algorithm):
@@ -40,6 +40,7 @@ class PFedMe(Algorithm):
     """
 
     name = "pfedme"
+    batched = True
     paper_training = Training(lr=0.005, batch_size=20, local_steps=20)
     constraints = {"lam": Range(0, low_open=True), "personal_lr": Range(0, low_open=True), "K": Range(1),
                    "beta": Range(0, low_open=True)}
@@ -50,33 +51,50 @@ class PFedMe(Algorithm):
         self.lam, self.personal_lr, self.K, self.beta = lam, personal_lr, K, beta
         self.sample_weighted = sample_weighted
 
-    def local_update(self, message, client_state, data, rng):
-        self.load(message.tensors["weights"], client_state)  # theta <- w_global
-        self._anchor = [p.detach().clone() for p in self.model.parameters()]  # the local copy w
-        loss = self.train_local(data, rng, client_state)
+    def start(self, message, client_state) -> dict[str, torch.Tensor]:
+        """theta <- w_global (the received weights), and the local copy w of each parameter beside it."""
+        context = super().start(message, client_state)
+        self._anchor = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        return context
+
+    def carried(self) -> dict[str, torch.Tensor]:
+        return self._anchor  # the local copy w, by parameter
+
+    def finish(self, data, loss, client_state):
         client_state = {**client_state, "personal": self.shared.get()}  # theta, with its BN statistics
-        with torch.no_grad():
-            for p, w in zip(self.model.parameters(), self._anchor):
-                p.copy_(w)
+        params = dict(self.model.named_parameters())
+        copy_all([params[n] for n in self._anchor], list(self._anchor.values()))  # the upload is w
         return self.upload(data, loss, client_state), client_state
 
-    def train_step(self, x, y, opt, client_state) -> torch.Tensor:
-        params = list(self.model.parameters())
+    def step_rule(self, params, carried, gradient, lr):
+        """Algorithm 1 on one batch: K proximal steps on theta (`params`) towards w (`carried`), then w's step;
+        the loss is the data loss of theta before the batch's inner steps."""
         first = None
         for _ in range(self.K):
+            grads, loss = gradient(params)
+            first = loss if first is None else first
+            params = {n: p - self.personal_lr * (grads[n] + self.lam * (p - carried[n])) for n, p in params.items()}
+        factor = lr * self.lam
+        carried = {n: w - factor * (w - params[n]) for n, w in carried.items()}
+        return params, carried, first
+
+    def train_step(self, x, y, opt, client_state) -> torch.Tensor:
+        """:meth:`step_rule` on the workspace model: each inner step's theta put into its parameters, the loss's
+        gradients read from them."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+        def gradient(theta):
+            copy_all(list(params.values()), list(theta.values()))
             self.model.zero_grad(set_to_none=True)
             loss = self.loss(x, y, client_state)
             loss.backward()
             self.before_step(client_state)
-            first = loss.detach() if first is None else first
-            with torch.no_grad():
-                for p, w in zip(params, self._anchor):
-                    step = self.lam * (p - w) if p.grad is None else p.grad + self.lam * (p - w)
-                    p.sub_(self.personal_lr * step)
-        with torch.no_grad():
-            for p, w in zip(params, self._anchor):
-                w.sub_(self.training.lr * self.lam * (w - p))
-        return first  # the data loss of theta before this batch's inner steps
+            return {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in params.items()}, loss.detach()
+
+        theta, self._anchor, first = self.step_rule({n: p.detach() for n, p in params.items()}, self._anchor,
+                                                    gradient, self.training.lr)
+        copy_all(list(params.values()), list(theta.values()))
+        return first
 
     def aggregate(self, server_state, uploads, round_idx: int) -> dict[str, Any]:
         weights = [m.num_samples if self.sample_weighted else 1.0 for _, m in uploads]
