@@ -101,7 +101,7 @@ class FedAwS(Algorithm):
         self.embedding_name = next(f"{n}.weight" for n, m in model.named_modules() if m is model.head)
         if self.embedding_name not in self.shared.names:
             raise ValueError(f"FedAwS needs shared class embeddings; {self.embedding_name!r} is declared local")
-        if model.head.bias is not None:  # no loss and no prediction reads it: not trained (no weight decay either)
+        if getattr(model.head, "bias", None) is not None:  # nothing reads it: not trained (no weight decay either)
             model.head.bias.requires_grad_(False)
         return server
 
