@@ -43,11 +43,11 @@ client's local copy of the global model, which it carries beside the model, :met
 rule mapped over the clients, each of its gradients from the functional loss, in place of the optimiser's step;
 the loop runs the same rule on the workspace model.
 
-Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own
-(FedProto, FedFA, FRAug), AdvProp (its adversarial batch needs the model), models with buffers
-other than batch norm's, and dropout (it draws from the global stream per client). Batch norm keeps each client's
-own running statistics and computes a batch's statistics over its real samples (:func:`_norm`): the loop's
-formulas, summed in another order.
+Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own (FedFA,
+whose hooks draw from the client's stream inside the forward pass; FRAug; All, one model trained centrally), AdvProp
+(its adversarial batch needs the model), models with buffers other than batch norm's, and dropout (it draws from the
+global stream per client). Batch norm keeps each client's own running statistics and computes a batch's statistics
+over its real samples (:func:`_norm`): the loop's formulas, summed in another order.
 """
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ def test_a_batched_run_resumes_from_its_checkpoint_to_the_same_numbers(algorithm
 
 
 @pytest.mark.parametrize("changes, reason", [
-    ({"algorithm": "fedproto"}, "'fedproto' has a local step of its own"),
+    ({"algorithm": "fraug", "model": "mlp_bn"}, "'fraug' has a local step of its own"),
     ({"augment": "advprop", "model": "mlp_bn"}, "augmentation AdvProp"),
 ])
 def test_a_run_it_cannot_batch_trains_in_the_loop_and_says_so_once(changes, reason, caplog):
@@ -350,7 +350,7 @@ def test_runs_trained_together_resume_from_their_checkpoints(tmp_path, monkeypat
 
 
 def test_a_run_it_cannot_batch_takes_its_rounds_in_the_loop_beside_the_batched_ones():
-    configs = [GRID[0], CASE.replace(algorithm="fedproto", executor="batched")]
+    configs = [GRID[0], CASE.replace(algorithm="fraug", model="mlp_bn", executor="batched")]
     histories = run_many(configs, use_cache=False)
     assert [h.meta["executor"] for h in histories] == ["batched", "loop"]
     alone = run(configs[1], use_cache=False, progress=False, workers=1)

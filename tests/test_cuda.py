@@ -37,8 +37,8 @@ def test_two_runs_of_one_config_are_bit_identical(executor):
 
 def test_auto_batches_the_clients_where_the_method_allows_it():
     assert run(CASE.replace(num_rounds=1), use_cache=False, device="cuda").meta["executor"] == "batched"
-    fedproto = run(CASE.replace(num_rounds=1, algorithm="fedproto"), use_cache=False, device="cuda")
-    assert fedproto.meta["executor"] == "loop"
+    fraug = run(CASE.replace(num_rounds=1, algorithm="fraug", model="lenet5_bn"), use_cache=False, device="cuda")
+    assert fraug.meta["executor"] == "loop"
 
 
 def test_runs_trained_together_are_the_runs_trained_alone():
@@ -61,10 +61,12 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "distrans", "scaffold", "fedbn", "pfedme", "pfedhn", "fedaws"])
+@pytest.mark.parametrize("algorithm", ["moon", "distrans", "scaffold", "fedbn", "pfedme", "pfedhn", "fedaws",
+                                       "fedproto"])
 def test_every_kind_of_batched_step_is_bit_identical_and_its_runs_together_are_alone(algorithm):
     # frozen models (MOON), trained inputs (DisTrans), a gradient correction (SCAFFOLD; pFedHN's clipping),
-    # per-client batch norm (FedBN), a step rule of its own with carried tensors (pFedMe), a loss of its own (FedAwS)
+    # per-client batch norm (FedBN), a step rule of its own with carried tensors (pFedMe), a loss of its own (FedAwS),
+    # a frozen model of buffers (FedProto's received prototypes)
     model = "lenet5_bn" if algorithm == "fedbn" else "lenet5"
     config = CASE.replace(algorithm=algorithm, model=model, num_rounds=2, executor="batched")
     a, b = (run(config, use_cache=False, device="cuda", progress=False) for _ in range(2))

@@ -193,13 +193,24 @@ def test_fedproto_loss_scales_the_regulariser_by_its_distance(digits_iid, distan
     algo.init(build_model("mlp", digits_iid.input_shape, 10), digits_iid)  # 64 features
     data = digits_iid.clients[0]
     x, y = data.x_train[:16], data.y_train[:16]
-    algo._targets = torch.randn(10, 64, generator=torch.Generator().manual_seed(0))
-    algo._has_target = torch.ones(10, dtype=torch.bool)
+    algo.received.prototypes.copy_(torch.randn(10, 64, generator=torch.Generator().manual_seed(0)))
+    algo.received.known.fill_(True)
     with torch.no_grad():
         z = algo.model.features(x)
         ce = F.cross_entropy(algo.model.head(z), y)
-        squared = (z - algo._targets[y]).pow(2).sum(1).mean()  # mean over samples of the summed squares
+        squared = (z - algo.received.prototypes[y]).pow(2).sum(1).mean()  # mean over samples of the summed squares
         assert algo.loss(x, y, {}).item() == pytest.approx((ce + 2.0 * scale * squared).item(), rel=1e-5)
+
+
+def test_fedproto_regulariser_on_a_padded_batch_is_its_mean_over_the_real_samples():
+    g = torch.Generator().manual_seed(0)
+    z, prototypes = torch.randn(6, 4, generator=g), torch.randn(3, 4, generator=g)
+    y, known = torch.tensor([0, 1, 2, 0, 1, 2]), torch.tensor([True, False, True])
+    real = torch.tensor([True, True, True, True, False, False])  # the last two: padding
+    padded = prototype_regulariser(z, y, prototypes, known, real)
+    assert padded.item() == pytest.approx(prototype_regulariser(z[:4], y[:4], prototypes, known).item(), rel=1e-6)
+    none = prototype_regulariser(z, y, prototypes, torch.zeros(3, dtype=torch.bool), real)
+    assert none.item() == 0.0
 
 
 def test_fedproto_rejects_an_unknown_distance():

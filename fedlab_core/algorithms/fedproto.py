@@ -54,6 +54,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from torch import nn
+
 from ..params import Range, OneOf
 from .base import Algorithm, FlatState, Message, Training
 
@@ -88,6 +90,7 @@ class FedProto(Algorithm):
     """
 
     name = "fedproto"
+    batched = True
     shares = "its class prototypes (mean embeddings per class), every round"
     constraints = {"mu": Range(0), "distance": OneOf("mse", "sqeuclidean")}
     paper_training = Training(lr=0.01, momentum=0.5, batch_size=4, local_epochs=1)
@@ -107,7 +110,7 @@ class FedProto(Algorithm):
         server["proto_counts"] = torch.zeros(num_classes, device=self.device)      # (C,) 0: no prototype yet
         if not self.share_model:
             del server["weights"]
-        self._targets = self._has_target = None
+        self.received = Received(num_classes, dim).to(self.device)
         return server
 
     def init_client(self, cid: int) -> dict[str, Any]:
@@ -122,17 +125,21 @@ class FedProto(Algorithm):
             tensors["weights"] = server_state["weights"]
         return Message(tensors)
 
-    def local_update(self, message, client_state, data, rng):
+    def start(self, message, client_state) -> dict[str, torch.Tensor]:
+        """The client's starting model, and the global prototypes its loss pulls towards (the context: the
+        batched executor puts each client's into :meth:`frozen_models`)."""
         if self.share_model:
-            self.load(message.tensors["weights"], client_state)
+            super().start(message, client_state)
         else:
             self.whole.set(client_state["model"])
-        num_classes = self.federation.num_classes
-        self._targets = torch.zeros(num_classes, self.model.feature_dim, device=self.device)  # (C, D)
-        self._has_target = torch.zeros(num_classes, dtype=torch.bool, device=self.device)     # (C,)
-        self._targets[message.tensors["classes"]] = message.tensors["prototypes"]
-        self._has_target[message.tensors["classes"]] = True
-        loss = self.train_local(data, rng, client_state)
+        with torch.no_grad():
+            self.received.prototypes.zero_()
+            self.received.known.zero_()
+            self.received.prototypes[message.tensors["classes"]] = message.tensors["prototypes"]
+            self.received.known[message.tensors["classes"]] = True
+        return {f"received.{n}": t.clone() for n, t in self.received.named_buffers()}
+
+    def finish(self, data, loss, client_state):
         means, counts = self.prototypes(data)
         held = torch.nonzero(counts > 0).flatten()  # (k,)
         if self.share_model:
@@ -142,6 +149,9 @@ class FedProto(Algorithm):
             upload = Message({}, num_samples=data.num_train, metrics={"loss": loss})
         upload.tensors.update(prototypes=means[held], classes=held, counts=counts[held])
         return upload, client_state
+
+    def frozen_models(self) -> dict[str, nn.Module]:
+        return {"received": self.received}
 
     @torch.no_grad()
     def prototypes(self, data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +177,15 @@ class FedProto(Algorithm):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, client_state: dict[str, Any]) -> torch.Tensor:
         z = self.model.features(x)  # (B, D)
-        ce = F.cross_entropy(self.model.head(z), y)
         labels = y if y.dim() == 1 else y.argmax(1)  # (B,)
-        reg = prototype_regulariser(z, labels, self._targets, self._has_target)
+        real = client_state.get("real")  # the batched executor's padded batch: which of its samples are real
+        if real is None:
+            ce = F.cross_entropy(self.model.head(z), y)
+            reg = prototype_regulariser(z, labels, self.received.prototypes, self.received.known)
+        else:  # summed over the real samples and divided by the full batch, as the executor rescales it
+            ce = torch.where(real, F.cross_entropy(self.model.head(z), y, reduction="none"), 0.0).sum() / len(real)
+            reg = prototype_regulariser(z, labels, self.received.prototypes, self.received.known, real)
+            reg = reg * real.sum() / len(real)
         return ce + self.mu * (reg / z.shape[1] if self.distance == "mse" else reg)
 
     @torch.no_grad()
@@ -185,22 +201,40 @@ class FedProtoShared(FedProto):
     """FedAvg plus FedProto's prototype regulariser: the model is averaged too (FedRDN's Table 1 use)."""
 
     name = "fedproto_shared"
+    batched = True
     paper_training = Training(lr=0.01, weight_decay=1e-5, batch_size=32, local_epochs=5)  # FedRDN Sec. 4.1
     global_model = True
     share_model = True
 
 
 def prototype_regulariser(z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
-                          has_prototype: torch.Tensor) -> torch.Tensor:
+                          has_prototype: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over samples whose class has a prototype of ``||z_i - prototypes[y_i]||^2`` (0 if none).
 
     Parameters
     ----------
     z : (B, D) representations; y : (B,) class ids.
     prototypes : (C, D); has_prototype : (C,) bool.
+    real : (B,) bool, the samples of a padded batch that count (the batched executor's): the same mean over
+        them, computed on the whole batch without a shape that depends on the data.
     """
+    if real is not None:
+        keep = has_prototype[y] & real  # (B,)
+        each = (z - prototypes[y]).pow(2).sum(1)  # (B,)
+        return torch.where(keep, each, 0.0).sum() / keep.sum().clamp(min=1)
     keep = has_prototype[y]  # (B,)
     if not keep.any():
         return z.sum() * 0.0  # keeps the graph (and the device) without a branch in the caller
     diff = z[keep] - prototypes[y[keep]]  # (b, D)
     return diff.pow(2).sum(1).mean()
+
+
+class Received(nn.Module):
+    """The global prototypes a client received, which its loss pulls towards, as buffers (a frozen model of the
+    batched executor, which puts each client's own into it): ``prototypes`` (C, D) and ``known`` (C,) bool, whether
+    a class has one."""
+
+    def __init__(self, num_classes: int, dim: int):
+        super().__init__()
+        self.register_buffer("prototypes", torch.zeros(num_classes, dim))
+        self.register_buffer("known", torch.zeros(num_classes, dtype=torch.bool))
