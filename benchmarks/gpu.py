@@ -8,8 +8,8 @@ local epoch, momentum 0.9, every client sampled. Four measurements, each printed
    ``--rounds``; round 1 warms the GPU up), for K clients sharing ``--train`` images: the batched executor on the
    GPU against the loop on the GPU, and against the loop on the CPU with one worker process per core; on a GPU
    also the batched steps launched eagerly, not replayed as a CUDA graph;
-2. runs batched: a tuning grid (5 rates x 5 seeds, ``--grid-clients`` clients, ``--rounds`` rounds, evaluated
-   after the last), whole runs from their configs to their histories: trained together on the GPU
+2. runs batched: a tuning grid (``--rates``, five by default, x 5 seeds, ``--grid-clients`` clients, ``--rounds``
+   rounds, evaluated after the last), whole runs from their configs to their histories: trained together on the GPU
    (:func:`fedlab_core.runs.run_many`) against the loop on the GPU one run after another, and against a sweep
    on the CPU cores (one run per core, as the book computes on a CPU);
 3. agreement: the global accuracy after ``--rounds`` rounds, loop against batched on the GPU, at every K (at
@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--grid-clients", type=int, default=10)
     parser.add_argument("--grid-train", type=int, default=10_000)
+    parser.add_argument("--rates", nargs="+", type=float, default=list(RATES),
+                        help="the grid's rates (pFedMe diverges at 0.2: its local copy steps at lr x lam)")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="0: no CPU comparison")
     parser.add_argument("--parts", nargs="+", type=int, default=[1, 2],
                         help="1: clients batched (and 3, the accuracies); 2: the tuning grid; 4: the profile")
@@ -131,8 +133,8 @@ def clients(args, device: torch.device, cpu: torch.device) -> None:
 def grid(args, device: torch.device) -> None:
     """Measurement 2: a tuning grid's runs, together, one by one and on the CPU cores."""
     grid = [base(args.grid_train, args.grid_clients, args.rounds, args.algorithm).replace(lr=lr, seed=seed)
-            for lr in RATES for seed in SEEDS]
-    print(f"\n2. a tuning grid: {len(RATES)} rates x {len(SEEDS)} seeds, {args.grid_clients} clients, "
+            for lr in args.rates for seed in SEEDS]
+    print(f"\n2. a tuning grid: {len(args.rates)} rates x {len(SEEDS)} seeds, {args.grid_clients} clients, "
           f"{args.grid_train} images, {args.rounds} rounds each (seconds for the {len(grid)} runs)", flush=True)
     together = wall(lambda: run_many([c.replace(executor="batched") for c in grid], use_cache=False, device=device))
     one_by_one = wall(lambda: [run(c.replace(executor="loop"), use_cache=False, device=device, progress=False)
