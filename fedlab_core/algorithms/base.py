@@ -174,6 +174,13 @@ def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
         torch._foreach_copy_(ts, ss)
 
 
+def padded_sum(each: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """A padded batch's per-sample terms `each` (B,) summed over its `real` samples (B,) bool and divided by the
+    full batch size B, as a loss on the batched executor's padded batches is (it rescales the loss and its gradients
+    to the real samples); the padding adds nothing, not even a gradient."""
+    return torch.where(real, each, 0.0).sum() / len(real)
+
+
 def mean_loss(total: torch.Tensor, steps: int) -> float:
     """A local update's mean training loss from its summed step losses; raises
     :class:`NonFiniteLossError` when it is NaN or infinite."""

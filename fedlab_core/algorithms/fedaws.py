@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..params import Range
-from .base import Algorithm, Training, weighted_mean
+from .base import Algorithm, Training, padded_sum, weighted_mean
 
 
 def spreadout_regulariser(w: torch.Tensor, margin: float) -> torch.Tensor:
@@ -118,7 +118,7 @@ class FedAwS(Algorithm):
         if real is None:
             return positive_loss(z, w, labels, self.positive_margin)
         each = positive_loss(z, w, labels, self.positive_margin, reduction="none")
-        return torch.where(real, each, 0.0).sum() / len(real)  # the padding adds nothing, not even a gradient
+        return padded_sum(each, real)
 
     def aggregate(self, server_state, uploads, round_idx):
         weights = weighted_mean([m.tensors["weights"] for _, m in uploads], [m.num_samples for _, m in uploads])

@@ -53,11 +53,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from torch import nn
 
 from ..params import Range, OneOf
-from .base import Algorithm, FlatState, Message, Training
+from .base import Algorithm, FlatState, Message, Training, padded_sum
 
 
 def class_means(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,7 +182,7 @@ class FedProto(Algorithm):
             ce = F.cross_entropy(self.model.head(z), y)
             reg = prototype_regulariser(z, labels, self.received.prototypes, self.received.known)
         else:  # summed over the real samples and divided by the full batch, as the executor rescales it
-            ce = torch.where(real, F.cross_entropy(self.model.head(z), y, reduction="none"), 0.0).sum() / len(real)
+            ce = padded_sum(F.cross_entropy(self.model.head(z), y, reduction="none"), real)
             reg = prototype_regulariser(z, labels, self.received.prototypes, self.received.known, real)
             reg = reg * real.sum() / len(real)
         return ce + self.mu * (reg / z.shape[1] if self.distance == "mse" else reg)

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..params import Range
-from .base import Algorithm, FlatState, Training
+from .base import Algorithm, FlatState, Training, padded_sum
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,
@@ -166,4 +166,4 @@ class MOON(Algorithm):
             return F.cross_entropy(logits, y) + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature)
         each = (F.cross_entropy(logits, y, reduction="none")
                 + self.mu * model_contrastive_loss(z, z_glob, z_prev, self.temperature, reduction="none"))
-        return torch.where(real, each, 0.0).sum() / len(real)  # the padding adds nothing, not even a gradient
+        return padded_sum(each, real)
