@@ -43,8 +43,14 @@ client's local copy of the global model, which it carries beside the model, :met
 rule mapped over the clients, each of its gradients from the functional loss, in place of the optimiser's step;
 the loop runs the same rule on the workspace model.
 
-Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own (FedFA,
-whose hooks draw from the client's stream inside the forward pass; FRAug; All, one model trained centrally), AdvProp
+A method whose loss draws random numbers (FedFA's coins and noise for its feature maps) draws them per batch
+(:meth:`Algorithm.draws`) as the batches are drawn, after each batch's transforms, in the loop's order; they are
+padded like the batch and stepped with it. Tensors its loss updates on every batch (FedFA's momentum statistics,
+:meth:`Algorithm.carried`) are carried client by client like the optimiser's state, a batch's statistics taken over
+its real samples.
+
+Not batched so far (the run trains in the loop, and says so once): methods with a local step of their own (FRAug;
+All, one model trained centrally), AdvProp
 (its adversarial batch needs the model), models with buffers other than batch norm's, and dropout (it draws from the
 global stream per client). Batch norm keeps each client's own running statistics and computes a batch's statistics
 over its real samples (:func:`_norm`): the loop's formulas, summed in another order.
@@ -137,8 +143,10 @@ class _Loss(nn.Module):
     parameters into the model while :meth:`Algorithm.loss` runs, on a batch padded to full size: the padding's
     logits are replaced (a forward hook) by constants whose cross-entropy is exactly zero and that carry no
     gradient, so the loss is the real samples' summed loss over the full batch size (rescaled in :func:`_stepper`);
-    batch norm computes its statistics over the real samples (:func:`_norm`). Returns the loss and the batch-norm
-    buffers' new values."""
+    batch norm computes its statistics over the real samples (:func:`_norm`). The loss's client state holds the
+    batch's real samples, its draws (:meth:`Algorithm.draws`) and the client's carried tensors that the loss updates
+    (:meth:`Algorithm.carried`: FedFA's statistics). Returns the loss and the new values of the batch-norm buffers
+    and of those carried tensors (``"carried.<name>"``)."""
 
     def __init__(self, algorithm: Algorithm):
         super().__init__()
@@ -146,7 +154,8 @@ class _Loss(nn.Module):
         self.frozen = nn.ModuleDict(algorithm.frozen_models())  # their weights: each client's, from its context
         self.algorithm = algorithm
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor, inputs: dict[str, torch.Tensor]
+    def forward(self, x: torch.Tensor, y: torch.Tensor, real: torch.Tensor, inputs: dict[str, torch.Tensor],
+                carried: dict[str, torch.Tensor], draws: dict[str, torch.Tensor]
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         def pad(module, args, logits):
             if y.is_floating_point():  # soft targets: a zero row's cross-entropy is zero whatever the logits
@@ -161,8 +170,10 @@ class _Loss(nn.Module):
         held = {name: getattr(self.model, name) for name in inputs}
         for name, value in inputs.items():  # the trained inputs (DisTrans's offset), as the model's attributes
             setattr(self.model, name, value)
+        step = {"real": real, "draws": draws, "carried": dict(carried)}  # the loss puts the carried's new values there
         try:
-            return self.algorithm.loss(x, y, {"real": real}), buffers  # reads the model, frozen models and batch
+            loss = self.algorithm.loss(x, y, step)  # reads the model, frozen models, batch and draws
+            return loss, {**buffers, **{f"carried.{n}": v for n, v in step["carried"].items()}}
         finally:
             hook.remove()
             for name, value in held.items():
@@ -237,9 +248,11 @@ def _entries(algorithm: Algorithm) -> dict[str, torch.Tensor]:
             **{f"carried.{n}": t for n, t in algorithm.carried().items()}}
 
 
-def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The client's batches as its local update would train on them: the loop's draws in the loop's order (a
-    pass's permutation, then each batch's training transform and the augmentation's transform)."""
+def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator
+           ) -> list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]:
+    """The client's batches (x, y, the method's draws) as its local update would train on them: the loop's draws in
+    the loop's order (a pass's permutation, then each batch's training transform, the augmentation's transform and
+    the method's draws, :meth:`Algorithm.draws`)."""
     transform = TRAIN_TRANSFORMS[algorithm.training.train_transform]
     out = []
     for x, y in algorithm.batches(data, rng):
@@ -247,7 +260,7 @@ def _drawn(algorithm: Algorithm, data: ClientData, rng: torch.Generator) -> list
             x = transform(x, rng)
         if algorithm.augment is not None:
             x, y = algorithm.augment.train_batch(algorithm.model, x, y, data.cid, rng)
-        out.append((x, y))
+        out.append((x, y, algorithm.draws(x, y, rng)))
     return out
 
 
@@ -277,11 +290,13 @@ def _optimiser_state(optimizer: str, momentum: bool, params: dict[str, torch.Ten
     return {f"m.{n}": v for n, v in zeros.items()} if momentum else {}
 
 
-def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: bool, weight_decay: bool):
+def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: bool, weight_decay: bool,
+             draw_names: tuple[str, ...] = ()):
     """One client's optimiser step (torch.optim.SGD's or Adam's arithmetic), mapped over clients: (parameters,
     optimiser state, buffers, correction context, rates (:data:`RATES`, float64), x, y, which samples are real,
-    whether the client has a batch at all) stacked by client, to new parameters, optimiser state, buffers and
-    losses. The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss
+    whether the client has a batch at all, then the batch's draws named by `draw_names`) stacked by client, to new
+    parameters, optimiser state, buffers and losses. The carried tensors of a method without a step rule of its own
+    ride in the optimiser state and take the values its loss gives them (FedFA's statistics). The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss
     and gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
     client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to its
     loss. A method with a step rule of its own (:func:`own_rule`) steps by that rule instead of the optimiser, its
@@ -294,14 +309,16 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
     input_rates, joint = algorithm.trained_inputs()
     own = own_rule(algorithm)
 
-    def step(p, o, b, context, rates, x, y, real, live):
+    def step(p, o, b, context, rates, x, y, real, live, *drawn):
         lr = rates["lr"]
         entries = {f"frozen.{k}": v for k, v in context.items() if k.startswith(frozen)} if frozen else {}
         scale = real.numel() / real.sum().clamp(min=1)
+        draws = dict(zip(draw_names, drawn, strict=True))
+        carried = {} if own else {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
 
         def loss_of(q, inputs, buffers=b):
             return functional_call(loss_module, {**{f"model.{n}": v for n, v in (q | buffers).items()}, **entries},
-                                   (x, y, real, inputs))
+                                   (x, y, real, inputs, carried, draws))
 
         if own:  # the method's rule, its gradients each from the buffers the previous one left
             held = dict(b)
@@ -311,10 +328,10 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
                 held.update({n: torch.where(live, v, held[n]) for n, v in new_b.items()})
                 return algorithm.correct({n: g * scale for n, g in grads.items()}, q, context), loss * scale
 
-            carried = {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
-            new_p, new_c, loss = algorithm.step_rule(p, carried, gradient, lr)
+            ruled = {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
+            new_p, new_c, loss = algorithm.step_rule(p, ruled, gradient, lr)
             return ({n: torch.where(live, new_p[n], p[n]) for n in names},
-                    {f"carried.{n}": torch.where(live, v, carried[n]) for n, v in new_c.items()}, held,
+                    {f"carried.{n}": torch.where(live, v, ruled[n]) for n, v in new_c.items()}, held,
                     torch.where(live, loss, 0.0))
 
         def stepped(inputs, grads):  # their plain SGD step; a client without a batch keeps its own
@@ -328,9 +345,12 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
             if inputs:  # a step before the model's, with the model and its statistics fixed (new buffers dropped)
                 inputs = stepped(inputs, grad(lambda i: loss_of(p, i)[0])(inputs))
             grads, (loss, new_b) = grad_and_value(lambda q: loss_of(q, inputs), has_aux=True)(p)
-        new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items()}  # a client without a batch keeps its own
+        # a client without a batch keeps its own buffers and carried tensors
+        new_o = {f"input.{n}": t for n, t in inputs.items()}
+        new_o.update({n: torch.where(live, v, o[n]) for n, v in new_b.items() if n.startswith("carried.")})
+        new_b = {n: torch.where(live, v, b[n]) for n, v in new_b.items() if not n.startswith("carried.")}
         grads = algorithm.correct({n: g * scale for n, g in grads.items()}, p, context)
-        new_p, new_o = {}, {f"input.{n}": t for n, t in inputs.items()}
+        new_p = {}
         if optimizer == "adam":  # the bias corrections in float64, rounded once, as Adam's Python floats are
             count = o["step"] + 1
             step_size = (lr / (1 - beta1 ** count)).float()
@@ -367,28 +387,32 @@ def _calls(algorithms: list[Algorithm], batches: list[list], device: torch.devic
             for i in range(0, len(group), width or len(group))]
 
 
-def _stacked(batches: list[list[tuple[torch.Tensor, torch.Tensor]]], size: int) -> tuple[torch.Tensor, ...]:
-    """The clients' batches as (clients, steps, size, ...) tensors x and y, each batch padded to `size` and each
-    client to the most steps, with `real` (clients, steps, size) marking the real samples: every batch is
-    concatenated once and copied to its place in one indexed copy."""
+def _stacked(batches: list[list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]], size: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """The clients' batches (x, y, draws) as (clients, steps, size, ...) tensors x and y, each batch padded to `size`
+    and each client to the most steps, with `real` (clients, steps, size) marking the real samples, and the draws
+    (:meth:`Algorithm.draws`) by name, padded alike (zeros): every batch's tensor is concatenated once and copied to
+    its place in one indexed copy."""
     steps = max(len(b) for b in batches)
     flat = [batch for client_batches in batches for batch in client_batches]
-    lengths = torch.tensor([len(yb) for _, yb in flat])
+    lengths = torch.tensor([len(batch[1]) for batch in flat])
     places = torch.tensor([(c * steps + s) * size for c, client_batches in enumerate(batches)
                            for s in range(len(client_batches))])
     # each sample's row: its batch's place, plus its position in the batch
     before = torch.cumsum(lengths, 0) - lengths
     index = (torch.repeat_interleave(places - before, lengths) + torch.arange(int(lengths.sum())))
-    x0, y0 = flat[0]
+    x0, y0, draws0 = flat[0]
     index = index.to(x0.device)
-    x = x0.new_zeros((len(batches) * steps * size, *x0.shape[1:]))
-    y = y0.new_zeros((len(batches) * steps * size, *y0.shape[1:]))
-    real = torch.zeros(len(batches) * steps * size, dtype=torch.bool, device=x0.device)
-    x.index_copy_(0, index, torch.cat([xb for xb, _ in flat]))
-    y.index_copy_(0, index, torch.cat([yb for _, yb in flat]))
-    real[index] = True
     shape = (len(batches), steps, size)
-    return x.view(*shape, *x0.shape[1:]), y.view(*shape, *y0.shape[1:]), real.view(shape)
+
+    def padded(parts: list[torch.Tensor]) -> torch.Tensor:
+        out = parts[0].new_zeros((len(batches) * steps * size, *parts[0].shape[1:]))
+        out.index_copy_(0, index, torch.cat(parts))
+        return out.view(*shape, *parts[0].shape[1:])
+    real = torch.zeros(len(batches) * steps * size, dtype=torch.bool, device=x0.device)
+    real[index] = True
+    return (padded([batch[0] for batch in flat]), padded([batch[1] for batch in flat]), real.view(shape),
+            {n: padded([batch[2][n] for batch in flat]) for n in sorted(draws0)})
 
 
 # the programs kept from round to round (:class:`_Program`), the most recently used last; a GPU program holds its
@@ -428,7 +452,7 @@ class _Program:
 
     def run(self, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[str, torch.Tensor], ...],
             data: tuple[torch.Tensor, ...]) -> tuple[tuple[dict[str, torch.Tensor], ...], torch.Tensor]:
-        """Take the steps of `data` (x, y, real, live), its `n` real clients' batches step by step (clients, steps,
+        """Take the steps of `data` (x, y, real, live, then the batches' draws), its `n` real clients' batches step by step (clients, steps,
         ...), from `carry` with `fixed`: each step copies its slice into the slots (the padding clients' rows stay
         empty: no sample, no step). Returns the carried tensors and each client's summed loss, the first `n` rows,
         as new tensors (the program's own are the next round's); the losses on the CPU, copied in one transfer, not
@@ -451,7 +475,7 @@ class _Program:
 
 def _program(algorithm: Algorithm, names: list[str], kind: tuple, carry: tuple[dict[str, torch.Tensor], ...],
              fixed: tuple[dict[str, torch.Tensor], ...], data: tuple[torch.Tensor, ...], width: int,
-             graphed: bool) -> _Program:
+             graphed: bool, draw_names: tuple[str, ...] = ()) -> _Program:
     """The program for this call: the one kept from an earlier round when everything its step reads is the same
     (the algorithm object, whose settings its step bakes in, the optimiser's kind, the width, every tensor's name,
     shape and type, and the addresses of the model's and the frozen models' own tensors, which a step reads where
@@ -460,13 +484,13 @@ def _program(algorithm: Algorithm, names: list[str], kind: tuple, carry: tuple[d
     shapes = tuple((k, tuple(v.shape), v.dtype) for part in carry + fixed for k, v in part.items())
     modules = [algorithm.model, *algorithm.frozen_models().values()]
     held = tuple(t.data_ptr() for m in modules for t in [*m.parameters(), *m.buffers()])
-    key = (id(algorithm), kind, width, graphed, shapes, held,
+    key = (id(algorithm), kind, width, graphed, shapes, held, draw_names,
            tuple((tuple(t.shape[2:]), t.dtype, t.device) for t in data))
     program = PROGRAMS.pop(key, None)
     if program is None:
         while PROGRAMS and len(PROGRAMS) >= KEEP:
             PROGRAMS.pop(next(iter(PROGRAMS)))
-        program = _Program(_stepper(algorithm, names, *kind), carry, fixed, data, width, graphed)
+        program = _Program(_stepper(algorithm, names, *kind, draw_names), carry, fixed, data, width, graphed)
         program.algorithm = algorithm  # held, so that its id stays its own while the program is kept
     if KEEP:
         PROGRAMS[key] = program
@@ -503,12 +527,12 @@ def _train(algorithms: list[Algorithm], starts: dict[str, torch.Tensor], context
     for model in {id(a.model): a.model for a in algorithms}.values():  # each run's model once, not once a client
         model.train()
     device = starts[names[0]].device
-    size = max(len(y) for client_batches in batches for _, y in client_batches)
+    size = max(len(batch[1]) for client_batches in batches for batch in client_batches)
     trained: list[Any] = [None] * len(batches)
     totals: list[Any] = [None] * len(batches)
     for call in _calls(algorithms, batches, device):
         n = len(call)
-        x, y, real = _stacked([batches[c] for c in call], size)
+        x, y, real, drawn = _stacked([batches[c] for c in call], size)
         live = real.any(-1)
         # the padding clients up to the width, copies of the first with no sample, so no step (:meth:`_Program.run`
         # pads step by step, so as to hold only one step of their empty batches)
@@ -522,8 +546,9 @@ def _train(algorithms: list[Algorithm], starts: dict[str, torch.Tensor], context
         state = {**({} if own_rule(first) else _optimiser_state(kind[0], kind[1], params)),
                  **{k: v.index_select(0, rows) for k, v in starts.items() if k.startswith(CARRIED)}}
         context = {k: torch.stack([contexts[c][k] for c in call]) for k in contexts[0]}
-        carry, fixed, data = (params, state, buffers), (context, rates), (x, y, real, live)
-        program = _program(first, names, kind, carry, fixed, data, len(call), GRAPHS.get(device.type, False))
+        carry, fixed, data = (params, state, buffers), (context, rates), (x, y, real, live, *drawn.values())
+        program = _program(first, names, kind, carry, fixed, data, len(call), GRAPHS.get(device.type, False),
+                           tuple(drawn))
         (params, state, buffers), total = program.run(carry, fixed, data)
         for j, c in enumerate(call[:n]):
             trained[c] = {k: v[j] for k, v in (params | buffers).items()}

@@ -62,11 +62,11 @@ print("ok")
 
 
 @pytest.mark.parametrize("algorithm", ["moon", "distrans", "scaffold", "fedbn", "pfedme", "pfedhn", "fedaws",
-                                       "fedproto"])
+                                       "fedproto", "fedfa"])
 def test_every_kind_of_batched_step_is_bit_identical_and_its_runs_together_are_alone(algorithm):
     # frozen models (MOON), trained inputs (DisTrans), a gradient correction (SCAFFOLD; pFedHN's clipping),
     # per-client batch norm (FedBN), a step rule of its own with carried tensors (pFedMe), a loss of its own (FedAwS),
-    # a frozen model of buffers (FedProto's received prototypes)
+    # a frozen model of buffers (FedProto's received prototypes), draws and carried statistics of the loss (FedFA)
     model = "lenet5_bn" if algorithm == "fedbn" else "lenet5"
     config = CASE.replace(algorithm=algorithm, model=model, num_rounds=2, executor="batched")
     a, b = (run(config, use_cache=False, device="cuda", progress=False) for _ in range(2))
@@ -82,7 +82,7 @@ def test_a_cpu_run_with_workers_after_cuda_training_succeeds():
 
 @pytest.mark.parametrize("algorithm,changes", [("fedavg", {}), ("fedavg", {"optimizer": "adam", "lr": 0.001}),
                                                ("moon", {}), ("distrans", {}), ("scaffold", {}), ("pfedme", {}),
-                                               ("fedbn", {"model": "lenet5_bn"})], ids=str)
+                                               ("fedbn", {"model": "lenet5_bn"}), ("fedfa", {})], ids=str)
 def test_steps_replayed_as_a_cuda_graph_are_the_steps_launched_eagerly(algorithm, changes, monkeypatch):
     config = CASE.replace(algorithm=algorithm, num_rounds=2, executor="batched", **changes)
     graphed = run(config, use_cache=False, device="cuda", progress=False)

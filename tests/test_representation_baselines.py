@@ -8,7 +8,7 @@ from torch import nn
 
 from fedlab_core.algorithms import FedAvg, Message, Training
 from fedlab_core.algorithms.fedaws import FedAwS, positive_loss, spreadout_regulariser, spreadout_step
-from fedlab_core.algorithms.fedfa import FedFA, client_sharing_factor, resample_statistics
+from fedlab_core.algorithms.fedfa import FedFA, batch_mean, batch_var, client_sharing_factor, resample_statistics
 from fedlab_core.algorithms.fedproto import FedProto, FedProtoShared, class_means, prototype_regulariser
 from fedlab_core.algorithms.moon import MOON, ProjectionHead, model_contrastive_loss
 from fedlab_core.data import federate, load_dataset
@@ -338,6 +338,23 @@ def test_resampled_maps_carry_the_sampled_statistics_and_zero_noise_is_identity(
     assert torch.allclose(out.var(dim=(2, 3)).sqrt(), sigma + n_std * s_std, atol=1e-4)
 
 
+def test_a_padded_batch_is_re_styled_as_its_real_samples_alone():  # the batched executor's padded batches
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 3, 4, 4, generator=g) * 2 + 1
+    v_mean, v_std = torch.tensor([0.5, 1.0, 2.0]), torch.tensor([1.0, 1.0, 0.1])
+    n_mean, n_std = torch.randn(5, 3, generator=g), torch.rand(5, 3, generator=g)
+    padded = torch.cat([x, torch.randn(3, 3, 4, 4, generator=g)])  # three padding rows of other values
+    real = torch.tensor([True] * 5 + [False] * 3)
+    zeros = torch.zeros(3, 3)
+    alone = resample_statistics(x, v_mean, v_std, n_mean, n_std)
+    together = resample_statistics(padded, v_mean, v_std, torch.cat([n_mean, zeros]), torch.cat([n_std, zeros]),
+                                   real=real)
+    assert torch.allclose(together[:5], alone, atol=1e-5)
+    stat = x.mean(dim=(2, 3))
+    assert torch.allclose(batch_mean(torch.cat([stat, torch.full((3, 3), 9.0)]), real), stat.mean(0))
+    assert torch.allclose(batch_var(torch.cat([stat, torch.full((3, 3), 9.0)]), real), stat.var(0))
+
+
 def test_fedfa_hooks_live_only_in_local_training_use_the_client_rng_and_are_identity_at_eval(digits_iid):
     data = digits_iid.clients[0]
 
@@ -353,7 +370,7 @@ def test_fedfa_hooks_live_only_in_local_training_use_the_client_rng_and_are_iden
 
     algo, server, up, state = update(1.0, 0)
     assert [n for n, _ in algo.hooked] == ["conv.2", "conv.6"]  # each block's output, after ReLU (and pooling)
-    assert all(not m._forward_hooks for m in algo.model.modules())  # removed after training
+    assert all(not m._forward_hooks for m in algo.model.modules())  # only inside the loss of a training step
     assert torch.equal(up.tensors["running_mean"], state["running_mean"]) and up.tensors["running_mean"].shape == (24,)
     assert not torch.equal(state["running_std"], torch.ones(24))
 
@@ -366,7 +383,9 @@ def test_fedfa_hooks_live_only_in_local_training_use_the_client_rng_and_are_iden
     assert not torch.equal(up.tensors["weights"], never.tensors["weights"])  # the augmentation changed training
 
     x = data.x_test[:16]
-    handles = [m.register_forward_hook(algo._hook(s)) for (_, m), s in zip(algo.hooked, algo.slices)]
+    step = {"draws": algo.draws(x, None, torch.Generator().manual_seed(0))}  # p = 1: every coin says re-style
+    assert all(bool(step["draws"][f"augment.{i}"].all()) for i in range(len(algo.hooked)))
+    handles = [m.register_forward_hook(algo._hook(i, step)) for i, (_, m) in enumerate(algo.hooked)]
     try:
         hooked_eval = algo.predict(server, None, x)  # eval mode: the hooks return the map unchanged
     finally:

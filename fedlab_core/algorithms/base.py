@@ -372,7 +372,8 @@ class Algorithm(Configurable):
                 x = transform(x, rng)
             if self.augment is not None:
                 x, y = self.augment.train_batch(self.model, x, y, data.cid, rng)
-            total += self.train_step(x, y, opt, client_state).detach()
+            draws = self.draws(x, y, rng)
+            total += self.train_step(x, y, opt, {**client_state, "draws": draws} if draws else client_state).detach()
             steps += 1
         return mean_loss(total, steps)
 
@@ -410,6 +411,14 @@ class Algorithm(Configurable):
         """The local objective on one batch; y holds class ids or soft targets (B, classes)."""
         return F.cross_entropy(self.model(x), y)
 
+    def draws(self, x: torch.Tensor, y: torch.Tensor, rng: torch.Generator) -> dict[str, torch.Tensor]:
+        """The random tensors the method's :meth:`loss` reads on one batch (FedFA's coins and noise), by name, each
+        with the batch's samples along its first dimension, drawn from the client's generator right after the
+        batch's transforms; the loss finds them in ``client_state["draws"]``. Drawn before the step, not inside the
+        forward pass, so that the batched executor draws them in the loop's order and pads them like the batch.
+        Here none."""
+        return {}
+
     def trained_inputs(self) -> tuple[dict[str, float], bool]:
         """The tensors besides the parameters that a client trains (DisTrans's offset), by the attribute of the
         model that holds each (a leaf that requires grad, put there by :meth:`start`), with the rate of their
@@ -418,10 +427,11 @@ class Algorithm(Configurable):
         return {}, False
 
     def carried(self) -> dict[str, torch.Tensor]:
-        """Tensors besides the model that a client's steps update under a step rule of the method's own
-        (:meth:`step_rule`), by name, as :meth:`start` left them (pFedMe's local copy w of each parameter); the
-        batched executor carries them client by client and puts their trained values back before :meth:`finish`.
-        Here none."""
+        """Tensors besides the model that a client's steps update, by name, as :meth:`start` left them: under a step
+        rule of the method's own (:meth:`step_rule`: pFedMe's local copy w of each parameter), or else in its
+        :meth:`loss`, which on the batched executor finds the client's in ``client_state["carried"]`` and puts their
+        new values there (FedFA's momentum statistics); the batched executor carries them client by client and puts
+        their trained values back before :meth:`finish`. Here none."""
         return {}
 
     def step_rule(self, params: dict[str, torch.Tensor], carried: dict[str, torch.Tensor], gradient, lr
