@@ -323,9 +323,11 @@ def test_a_grids_rates_step_in_one_program_and_another_optimiser_kind_in_its_own
     assert batched._calls(algorithms, [[0] * 2, [0] * 3, [0], [0]], CPU) == [[1, 0], [2], [3]]
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "distrans"])  # their initialisation draws: MOON's head, the offsets
+# their initialisation draws (MOON's head, the offsets); FedFA's draws, statistics and received variances
+@pytest.mark.parametrize("algorithm", ["moon", "distrans", "fedfa"])
 def test_runs_initialised_by_their_method_trained_together_are_the_runs_trained_alone(algorithm):
-    grid = [CASE.replace(executor="batched", algorithm=algorithm, num_rounds=2, seed=seed) for seed in (0, 1)]
+    grid = [CASE.replace(executor="batched", algorithm=algorithm, num_rounds=2, seed=seed, **CHANGES.get(algorithm, {}))
+            for seed in (0, 1)]
     for config, history in zip(grid, run_many(grid, use_cache=False)):
         alone = run(config, use_cache=False, progress=False, workers=1)
         assert _numbers(history.rounds) == _numbers(alone.rounds), config.seed
