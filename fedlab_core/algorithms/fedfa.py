@@ -229,10 +229,10 @@ class FedFA(Algorithm):
         out = {}
         for i, (s, styled) in enumerate(zip(self.slices, self.styled)):
             hit = styled and len(x) >= 2 and torch.rand((), generator=rng).item() < self.p
-            noise = (torch.randn((2, len(x), s.stop - s.start), generator=rng).transpose(0, 1) if hit
-                     else torch.zeros(len(x), 2, s.stop - s.start))
+            noise = (torch.randn((2, len(x), s.stop - s.start), generator=rng).transpose(0, 1).to(self.device) if hit
+                     else torch.zeros(len(x), 2, s.stop - s.start, device=self.device))
             out[f"augment.{i}"] = torch.full((len(x),), hit, device=self.device)
-            out[f"noise.{i}"] = noise.to(self.device)
+            out[f"noise.{i}"] = noise
         return out
 
     def loss(self, x, y, client_state):
