@@ -51,11 +51,15 @@ def test_every_kernel_level_the_environment_asks_for_gives_the_same_numbers_once
     # the same canary without the pins: the kernels module loaded on its own, so nothing is pinned
     unpinned = (f"import importlib.util\nspec = importlib.util.spec_from_file_location('k', {kernels.__file__!r})\n"
                 "k = importlib.util.module_from_spec(spec); spec.loader.exec_module(k)\nprint(k.canary())")
+    # Unpinned, a level the CPU lacks is the libraries' to refuse: on an AVX2-only AMD EPYC, asking for AVX-512
+    # kills the control with an illegal instruction (SIGILL); the pinned run at that level must still compute.
     results, controls = {}, {}
     for name, level in LEVELS.items():
         done = _python(pinned, level)
         assert done.returncode == 0, done.stderr[-2000:]
         results[name] = json.loads(done.stdout.splitlines()[-1])
+        if name == "avx512" and "avx512f" not in kernels.cpu_flags():
+            continue
         control = _python(unpinned, level)
         assert control.returncode == 0, control.stderr[-2000:]
         controls[name] = control.stdout.split()[-1]
