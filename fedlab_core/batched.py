@@ -296,7 +296,8 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
     optimiser state, buffers, correction context, rates (:data:`RATES`, float64), x, y, which samples are real,
     whether the client has a batch at all, then the batch's draws named by `draw_names`) stacked by client, to new
     parameters, optimiser state, buffers and losses. The carried tensors of a method without a step rule of its own
-    ride in the optimiser state and take the values its loss gives them (FedFA's statistics). The rates are rounded to float32 where SGD uses them, as its Python floats are. A padded batch's loss
+    ride in the optimiser state and take the values its loss gives them (FedFA's statistics). The rates are rounded
+    to float32 where SGD uses them, as its Python floats are. A padded batch's loss
     and gradients are rescaled from the full batch size to its real samples (by exactly 1 for a full batch); a
     client without a batch keeps its parameters and optimiser state, weight decay included, and adds nothing to its
     loss. A method with a step rule of its own (:func:`own_rule`) steps by that rule instead of the optimiser, its
@@ -314,11 +315,12 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
         entries = {f"frozen.{k}": v for k, v in context.items() if k.startswith(frozen)} if frozen else {}
         scale = real.numel() / real.sum().clamp(min=1)
         draws = dict(zip(draw_names, drawn, strict=True))
-        carried = {} if own else {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
+        carried = {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
+        by_loss = {} if own else carried  # under a step rule the rule moves them, else the loss
 
         def loss_of(q, inputs, buffers=b):
             return functional_call(loss_module, {**{f"model.{n}": v for n, v in (q | buffers).items()}, **entries},
-                                   (x, y, real, inputs, carried, draws))
+                                   (x, y, real, inputs, by_loss, draws))
 
         if own:  # the method's rule, its gradients each from the buffers the previous one left
             held = dict(b)
@@ -328,10 +330,9 @@ def _stepper(algorithm: Algorithm, names: list[str], optimizer: str, momentum: b
                 held.update({n: torch.where(live, v, held[n]) for n, v in new_b.items()})
                 return algorithm.correct({n: g * scale for n, g in grads.items()}, q, context), loss * scale
 
-            ruled = {n[len("carried."):]: v for n, v in o.items() if n.startswith("carried.")}
-            new_p, new_c, loss = algorithm.step_rule(p, ruled, gradient, lr)
+            new_p, new_c, loss = algorithm.step_rule(p, carried, gradient, lr)
             return ({n: torch.where(live, new_p[n], p[n]) for n in names},
-                    {f"carried.{n}": torch.where(live, v, ruled[n]) for n, v in new_c.items()}, held,
+                    {f"carried.{n}": torch.where(live, v, carried[n]) for n, v in new_c.items()}, held,
                     torch.where(live, loss, 0.0))
 
         def stepped(inputs, grads):  # their plain SGD step; a client without a batch keeps its own
@@ -452,9 +453,9 @@ class _Program:
 
     def run(self, carry: tuple[dict[str, torch.Tensor], ...], fixed: tuple[dict[str, torch.Tensor], ...],
             data: tuple[torch.Tensor, ...]) -> tuple[tuple[dict[str, torch.Tensor], ...], torch.Tensor]:
-        """Take the steps of `data` (x, y, real, live, then the batches' draws), its `n` real clients' batches step by step (clients, steps,
-        ...), from `carry` with `fixed`: each step copies its slice into the slots (the padding clients' rows stay
-        empty: no sample, no step). Returns the carried tensors and each client's summed loss, the first `n` rows,
+        """Take the steps of `data` (x, y, real, live, then the batches' draws), its `n` real clients' batches step
+        by step (clients, steps, ...), from `carry` with `fixed`: each step copies its slice into the slots (the
+        padding clients' rows stay empty: no sample, no step). Returns the carried tensors and each client's summed loss, the first `n` rows,
         as new tensors (the program's own are the next round's); the losses on the CPU, copied in one transfer, not
         read client by client (float32 division gives the same bits on either device)."""
         with torch.no_grad():

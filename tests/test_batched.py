@@ -24,7 +24,8 @@ BATCHED = sorted(name for name, cls in ALGORITHMS.items() if cls.batched)
 # each method's case: FedProx with a proximal pull; SCAFFOLD without momentum, which its option II assumes (with
 # momentum 0.9 this case diverges, weights past 13 by round 4, and the executors' 1e-7 differences grow with it)
 CHANGES = {"fedprox": {"algorithm_params": {"mu": 0.1}}, "scaffold": {"momentum": 0.0}, "fedbn": {"model": "mlp_bn"},
-           "partialfed": {"model": "mlp_bn"}, "fedfa": {"dataset": "fashion_mnist", "model": "lenet5", "max_train_samples": 400, "max_test_samples": 200,
+           "partialfed": {"model": "mlp_bn"},
+           "fedfa": {"dataset": "fashion_mnist", "model": "lenet5", "max_train_samples": 400, "max_test_samples": 200,
                      "lr": 0.02}}
 # FedFA re-styles convolutional maps (LeNet-5's; the Digits CNN's batch norm on this case's small batches parts even
 # FedAvg's two executors by far more than their last bits within a round). Dividing by a map's instance std amplifies

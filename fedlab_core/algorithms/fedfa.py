@@ -37,6 +37,8 @@ Choices and differences from the code
 - Every random draw (the coin per layer and batch, the Gaussian noise) comes from the client's rng, drawn for a
   batch before its step (:meth:`FedFA.draws`), in the order the hooks would draw them in the forward pass, so that
   the batched executor (:mod:`fedlab_core.batched`) draws them as the loop does and trains the clients together.
+  The maps are re-styled in the loss's forward pass only: an augmentation that runs the model itself to make its
+  batch (AdvProp's adversarial step) sees the model's own maps. (No page combines FedFA with AdvProp.)
 """
 from __future__ import annotations
 
