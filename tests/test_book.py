@@ -836,6 +836,10 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
             tuning = {**tuning, **FIRST_TUNING}
             assert {k: params[k] for k in FIRST_TUNING} == FIRST_TUNING, stem
         feature_skew_only = stem.startswith("fedrdn")
+        # a chapter whose evidence tunes at its own horizon (DisTrans: 180 rounds) keeps that horizon and its grid
+        own = {k: v for k, v in (PROFILES[stem].get("evidence") or {}).items() if k in ("TUNE_ROUNDS", "RATES")}
+        if profile == "book" and params.get("TUNE_SEEDS") == evidence["TUNE_SEEDS"]:
+            tuning = {**tuning, **own}
         for key in (*SHARED_PROTOCOL, "RATES"):
             if key in params and not (feature_skew_only and key in ("NUM_CLIENTS", "MAX_TRAIN_SAMPLES",
                                                                      "MAX_TEST_SAMPLES")):
