@@ -60,28 +60,25 @@ def _rounds(config: RunConfig) -> tuple[list[dict], list[torch.Tensor]]:
     return state.rows, after
 
 
-def _agree(config: RunConfig) -> None:
-    """Assert the batched and loop runs of `config` agree round by round."""
+def _agree(config: RunConfig, rounds: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Assert the batched and loop runs of `config` agree round by round (the first `rounds`; None: all);
+    return both runs' log rows."""
     (loop_rows, loop_params), (rows, params) = _rounds(config), _rounds(config.replace(executor="batched"))
+    assert len(loop_rows) == len(rows) == len(loop_params) == len(params)
     norms = config.model in ("mlp_bn", "lenet5_bn")
-    for a, b, pa, pb in zip(loop_rows, rows, loop_params, params, strict=True):
+    for a, b, pa, pb in list(zip(loop_rows, rows, loop_params, params))[:rounds]:
         diff = (pa - pb).abs().max().item()
         tol = BN_TOL * max(1.0, pa.abs().max().item()) if norms else PARAM_TOL
         assert diff <= tol, f"round {a['round']}: parameters differ by {diff}"
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=LOSS_RTOL, nan_ok=True)
         for metric in ("mean_client_accuracy", "global_accuracy"):  # NaN global accuracy: no global model
             assert math.isnan(a[metric]) and math.isnan(b[metric]) or round(a[metric], 3) == round(b[metric], 3)
+    return loop_rows, rows
 
 
 def test_the_case_has_unequal_shards_so_clients_stop_at_different_steps():
     sizes = [c.num_train for c in build(CASE, CPU, progress=False).federation.clients]
     assert len(set(sizes)) == len(sizes), sizes  # and so different numbers of batches and last-batch sizes
-
-
-@pytest.mark.parametrize("algorithm", BATCHED)
-def test_batched_and_loop_agree_round_by_round(algorithm):
-    assert {"fedavg", "fedprox", "single"} <= set(BATCHED)
-    _agree(CASE.replace(algorithm=algorithm, **CHANGES.get(algorithm, {})))
 
 
 # Ten rounds of MOON (mu 5) with momentum 0.9 on this case amplify the last bit of a float: the loop itself at one
@@ -92,11 +89,19 @@ STEADY = {"moon": {"momentum": 0.0}, "pfedhn": {"momentum": 0.0}}
 
 
 @pytest.mark.parametrize("algorithm", BATCHED)
-def test_final_accuracy_after_ten_rounds_within_half_a_point(algorithm):
-    config = CASE.replace(num_rounds=10, eval_every=10, algorithm=algorithm,
-                          **{**CHANGES.get(algorithm, {}), **STEADY.get(algorithm, {})})
-    loop, batched = (run(c, use_cache=False, progress=False, workers=1).final for c in (config, config.replace(executor="batched")))
-    assert abs(loop["mean_client_accuracy"] - batched["mean_client_accuracy"]) <= 0.005
+def test_batched_and_loop_agree_round_by_round_and_within_half_a_point_after_ten_rounds(algorithm):
+    # one pair of ten-round runs: its first three rounds within the stated tolerance, its final mean client
+    # accuracy within half a point; a method STEADY changes is held to the three rounds with momentum apart
+    assert {"fedavg", "fedprox", "single"} <= set(BATCHED)
+    config = CASE.replace(algorithm=algorithm, **CHANGES.get(algorithm, {}))
+    ten = config.replace(num_rounds=10, **STEADY.get(algorithm, {}))
+    if algorithm in STEADY:
+        _agree(config)
+        loop, batched = (_rounds(c)[0] for c in (ten, ten.replace(executor="batched")))
+    else:
+        loop, batched = _agree(ten, rounds=CASE.num_rounds)
+    assert len(loop) == len(batched) == 10
+    assert abs(loop[-1]["mean_client_accuracy"] - batched[-1]["mean_client_accuracy"]) <= 0.005
 
 
 def test_batched_and_loop_agree_with_convolutions_and_local_steps():

@@ -18,7 +18,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
 
 MAX_DEGREES = 30.0  # FedRDN's code: RandomRotation(30)
 
@@ -48,6 +47,8 @@ def crop_jitter_gray(x: torch.Tensor, rng: torch.Generator, scale: tuple[float, 
     ratio in [3/4, 4/3], as torchvision draws them: up to ten tries, else the whole image), brightness,
     contrast, saturation and hue jitter in a random order (factors in [1 - jitter, 1 + jitter], hue shift in
     [-jitter, jitter]), then grayscale with probability `gray`; every draw from `rng` (a CPU generator)."""
+    from torchvision.transforms.v2 import functional as TF   # here: importing torchvision takes seconds
+
     _, c, h, w = x.shape
     out = []
     for image in x:
