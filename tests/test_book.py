@@ -379,6 +379,9 @@ def test_smoke_ot_fedavg_headline_numbers(smoke_book):
     readings = params["OTHER_READINGS"]
     assert glue["num_runs"] == len(params["SEEDS"]) * (2 * len(cells) + 2 * readings + len(params["RESNET_CELLS"])
                                                        + 2 * (len(params["SKEW_CELLS"]) + 1))
+    # a cell given a longer horizon trains it in both arms; every other run trains the page's rounds
+    assert glue["rounds_min"] == params["NUM_ROUNDS"] < glue["rounds_max"] == max(params["HORIZONS"].values())
+    assert all(f"{cap} in {key}" in glue["budget_rule"] for key, cap in params["HORIZONS"].items())
     gains = {"global": [], "client": []}
     for cell in cells:
         tag = cell.replace("/", "_")
@@ -916,6 +919,23 @@ def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_befo
         executed = [c for c in nbformat.read(tmp_path / "out.ipynb", 4).cells if c.cell_type == "code"]
         stopped = next(i for i, c in enumerate(executed) if "check_notebook_parameters" in c.source)
         assert all(c.execution_count is None for c in executed[stopped + 1:])   # no run, no later cell
+
+
+def test_a_horizon_for_no_setting_of_the_ot_page_stops_it_before_any_run(tmp_path):
+    import papermill as pm
+
+    notebook = ROOT / "notebooks" / "ot_fedavg.ipynb"
+    given = {**book.profile_parameters(PROFILES, "ot_fedavg", "smoke"), "HORIZONS": {"uniform 50/5": 120}}
+    with pytest.raises(pm.PapermillExecutionError) as err:
+        pm.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), parameters=given, progress_bar=False,
+                            cwd=str(tmp_path), log_output=False)
+    assert err.value.ename == "ParameterError"
+    assert err.value.evalue == ("HORIZONS: 'uniform 50/5' names no setting and cell of this page (it runs "
+                                "feature skew 5/5, label skew 5/5, uniform 10/5, uniform 5/5)")
+    assert err.value.traceback == [f"ParameterError: {err.value.evalue}"]   # one line, no traceback
+    failed = next(c for c in nbformat.read(tmp_path / "out.ipynb", 4).cells if c.cell_type == "code"
+                  and any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+    assert [o["output_type"] for o in failed.outputs] == ["error"]   # refused before a run printed its progress
 
 
 @pytest.mark.parametrize("profile", book.PROFILE_NAMES)
