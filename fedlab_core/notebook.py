@@ -120,3 +120,14 @@ def check_notebook_parameters(executed: Sequence[str]) -> None:
                     check_value(f"{name}:", item, hints[field], FIELD_CONSTRAINTS.get(field))
                 except ValueError as err:
                     raise ParameterError(f"{err} (the rule of RunConfig's {field})") from None
+
+
+def check_horizons(name: str, horizons: typing.Mapping[str, Any], planned: typing.Iterable[str], what: str) -> None:
+    """Refuse, before any work, a page's longer horizons (`name`: its parameter, a key -> rounds) where a key names
+    no `what` of the page (`planned`: those it runs) or its rounds are not a positive integer."""
+    planned = sorted(set(planned))
+    for key, cap in horizons.items():
+        if key not in planned:
+            raise ParameterError(f"{name}: {key!r} names no {what} of this page (it runs {', '.join(planned)})")
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ParameterError(f"{name}: {key!r} maps to {cap!r}, not a number of rounds (a positive integer)")

@@ -80,12 +80,12 @@ class Tuning:
 
     Attributes
     ----------
-    grid : one row per (method, candidate): the rates tried, the factor of the paper's rate, the validation
-        score (the mean over the seeds) and its standard error (``validation_se``, NaN with one seed), whether
-        the mean validation curve converges (``converges``; absolute grid only), why a seed is degenerate
-        (``degenerate``; "" when none is), the seconds its runs took when they ran, whether it was chosen.
+    grid : one row per (method, candidate): the rounds its runs trained, the rates tried, the factor of the paper's
+        rate, the validation score (the mean over the seeds) and its standard error (``validation_se``, NaN with
+        one seed), whether the mean validation curve converges (``converges``; absolute grid only), why a seed is
+        degenerate (``degenerate``; "" when none is), the seconds its runs took when they ran, whether it was chosen.
     chosen : method label -> the rates it uses (``{"lr": ..., "offset_lr": ...}``).
-    rounds, seeds, validation : how the candidates were run.
+    rounds, seeds, validation : how the candidates were run (`rounds`: those of a method whose changes set none).
     absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
     converging : whether converging candidates came first among those near the best (see the module docstring).
     """
@@ -136,11 +136,14 @@ class Tuning:
         if not self.converging:
             return "The tuning does not test whether its runs converge."
         chosen = self.grid[self.grid["chosen"]]
-        none = list(chosen.loc[~chosen["converges"].astype(bool), "method"])
-        if not none:
+        stalled = chosen[~chosen["converges"].astype(bool)]
+        if stalled.empty:
             return "Every method's chosen rate converged in the tuning."
+        none = list(stalled["method"])
+        horizons = sorted({int(r) for r in stalled["rounds"]})
         return (f"For {', '.join(none)}, no rate within one standard error of the best converged in the tuning's "
-                f"{self.rounds} rounds: {'it runs' if len(none) == 1 else 'they run'} at the plain rule's choice.")
+                f"{' or '.join(map(str, horizons))} rounds: {'it runs' if len(none) == 1 else 'they run'} at the "
+                "plain rule's choice.")
 
     def unsound(self) -> dict[str, str]:
         """The methods none of whose candidates is sound, so that no rate could be chosen for them: every
@@ -157,7 +160,8 @@ class Tuning:
             parts = [f"{diverged} diverged"] if diverged else []
             if len(group) > diverged:
                 parts.append(f"{len(group) - diverged} degenerate" + (f" (e.g. {first})" if first else ""))
-            out[method] = (f"all {len(group)} of its candidates in the {self.rounds}-round tuning failed: "
+            rounds = int(group["rounds"].iloc[0])
+            out[method] = (f"all {len(group)} of its candidates in the {rounds}-round tuning failed: "
                            + ", ".join(parts))
         return out
 
@@ -238,7 +242,9 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     ----------
     base : the benchmark's config as the chapters run it (dataset, split, model, scale), rate unset; its
         other training fields, where set, are kept (the chapter's deliberate choices, e.g. local epochs).
-    methods : label -> the config changes that make the method (``{"algorithm": "fedprox"}``).
+    methods : label -> the config changes that make the method (``{"algorithm": "fedprox"}``); a method whose
+        changes set ``num_rounds`` is tuned at that horizon instead of `rounds` (a chapter that gives some of its
+        cells a longer horizon tunes them there).
     rounds : rounds of every candidate run (the horizon of the chapters' runs).
     seeds : the tuning seeds, each a run per candidate (:data:`SEEDS`: none a chapter evaluates on).
     grid, validation, metric : see the module docstring.
@@ -262,9 +268,11 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
     seeds = tuple(seeds)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: give one or more distinct tuning seeds; got {list(seeds)}")
-    every = eval_every or (rounds if rates is None else max(1, rounds // EVALUATIONS))
-    configs = {label: base.replace(**changes, num_rounds=rounds, eval_every=every, seed=seeds[0],
-                                   validation=validation) for label, changes in methods.items()}
+    horizons = {label: changes.get("num_rounds", rounds) for label, changes in methods.items()}
+    configs = {label: base.replace(**{**changes, "num_rounds": horizons[label]}, seed=seeds[0], validation=validation,
+                                   eval_every=eval_every or (horizons[label] if rates is None
+                                                             else max(1, horizons[label] // EVALUATIONS)))
+               for label, changes in methods.items()}
     todo = [(label, c) for label, config in configs.items() for c in candidates(config, grid, rates)]
     rows: list[dict[str, Any]] = []
     for _ in range(1 + (widen if rates is not None else 0)):
@@ -273,7 +281,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         for label, c in todo:
             runs = [next(histories) for _ in seeds]
             values = np.array([(h.final[metric] if rates is None else score(h, metric)) for h in runs], dtype=float)
-            rows.append({"method": label, **c, "factor": c["lr"] / _default(configs[label].replace(lr=None), "lr"),
+            rows.append({"method": label, "rounds": horizons[label], **c,
+                         "factor": c["lr"] / _default(configs[label].replace(lr=None), "lr"),
                          "validation": float(values.mean()),
                          "validation_se": float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1
                          else math.nan,

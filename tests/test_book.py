@@ -454,6 +454,12 @@ def test_smoke_fedrdn_headline_numbers(smoke_book):
     assert glue["smallest_gain_pct"] == pytest.approx(min(gains.values()))
     # counts in the prose are counts of verdicts: with one seed the rule decides none
     assert glue["fedrdn_improved_clear"] == glue["fedrdn_hurt_clear"] == glue["fedrdn_superior_clear"] == 0
+    # an algorithm given a longer horizon trains it in every flow, the others the page's rounds, and the prose says so
+    horizons = params["HORIZONS"]
+    assert list(horizons) == ["fedprox"] and horizons["fedprox"] > params["NUM_ROUNDS"]
+    assert {a: glue[f"{a}_rounds"] for a in algorithms} == {a: horizons.get(a, params["NUM_ROUNDS"]) for a in algorithms}
+    assert glue["num_rounds"] == f"{params['NUM_ROUNDS']} ({horizons['fedprox']} for FedProx)"
+    assert f"on the five styles {glue['num_rounds']}" in glue["budget_rule"]
 
 
 def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):
@@ -921,17 +927,22 @@ def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_befo
         assert all(c.execution_count is None for c in executed[stopped + 1:])   # no run, no later cell
 
 
-def test_a_horizon_for_no_setting_of_the_ot_page_stops_it_before_any_run(tmp_path):
+@pytest.mark.parametrize("stem, horizons, message", [
+    ("ot_fedavg", {"HORIZONS": {"uniform 50/5": 120}}, "HORIZONS: 'uniform 50/5' names no setting and cell of this "
+                                                       "page (it runs feature skew 5/5, label skew 5/5, uniform 10/5, "
+                                                       "uniform 5/5)"),
+    ("fedrdn", {"TEN_HORIZONS": {"fedfa": 375}}, "TEN_HORIZONS: 'fedfa' names no algorithm of this page (it runs "
+                                                 "fedavg)")])
+def test_a_horizon_for_nothing_a_page_runs_stops_it_before_any_run(tmp_path, stem, horizons, message):
     import papermill as pm
 
-    notebook = ROOT / "notebooks" / "ot_fedavg.ipynb"
-    given = {**book.profile_parameters(PROFILES, "ot_fedavg", "smoke"), "HORIZONS": {"uniform 50/5": 120}}
+    notebook = ROOT / "notebooks" / f"{stem}.ipynb"
+    given = {**book.profile_parameters(PROFILES, stem, "smoke"), **horizons}
     with pytest.raises(pm.PapermillExecutionError) as err:
         pm.execute_notebook(str(notebook), str(tmp_path / "out.ipynb"), parameters=given, progress_bar=False,
                             cwd=str(tmp_path), log_output=False)
     assert err.value.ename == "ParameterError"
-    assert err.value.evalue == ("HORIZONS: 'uniform 50/5' names no setting and cell of this page (it runs "
-                                "feature skew 5/5, label skew 5/5, uniform 10/5, uniform 5/5)")
+    assert err.value.evalue == message
     assert err.value.traceback == [f"ParameterError: {err.value.evalue}"]   # one line, no traceback
     failed = next(c for c in nbformat.read(tmp_path / "out.ipynb", 4).cells if c.cell_type == "code"
                   and any(o.get("output_type") == "error" for o in c.get("outputs", [])))

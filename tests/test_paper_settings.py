@@ -310,6 +310,36 @@ def test_the_one_standard_error_rule_picks_the_smallest_rate_within_reach_of_the
         tune(tiny.replace(lr=None), {"fedavg": {}}, rounds=10, seeds=(100, 100))
 
 
+def test_a_method_given_its_own_horizon_is_tuned_there_and_the_others_at_the_tunings(monkeypatch, tiny):
+    seen = {}
+
+    def score_of(c):
+        seen.setdefault(c.algorithm, set()).add((c.num_rounds, c.eval_every))
+        return 0.5 + c.lr
+    _scored_by(monkeypatch, score_of)
+    t = tune(tiny.replace(lr=None), {"fedavg": {}, "prox": {"algorithm": "fedprox", "num_rounds": 40}}, rounds=10,
+             rates=(0.01, 0.03), seeds=SEEDS, widen=0)
+    assert seen == {"fedavg": {(10, 1)}, "fedprox": {(40, 4)}}     # ten evaluations over each method's own rounds
+    assert t.grid.groupby("method")["rounds"].unique().to_dict() == {"fedavg": [10], "prox": [40]}
+    assert t.rounds == 10
+    _scored_by(monkeypatch, lambda c: float("nan") if c.algorithm == "fedprox" else 0.5)   # every prox seed diverges
+    t = tune(tiny.replace(lr=None), {"fedavg": {}, "prox": {"algorithm": "fedprox", "num_rounds": 40}}, rounds=10,
+             rates=(0.01, 0.03), seeds=SEEDS, widen=0)
+    assert t.unsound() == {"prox": "all 2 of its candidates in the 40-round tuning failed: 2 diverged"}
+
+
+def test_a_horizon_for_nothing_the_page_runs_or_of_no_rounds_is_refused_in_one_line():
+    from fedlab_core.notebook import ParameterError, check_horizons
+
+    check_horizons("HORIZONS", {"fedavg": 360}, ["fedavg", "fedfa"], "algorithm")
+    with pytest.raises(ParameterError, match=r"^HORIZONS: 'fedprox' names no algorithm of this page \(it runs "
+                                             r"fedavg, fedfa\)$"):
+        check_horizons("HORIZONS", {"fedprox": 360}, ["fedfa", "fedavg"], "algorithm")
+    for cap in (0, 360.0, True, "360"):
+        with pytest.raises(ParameterError, match=r"^TEN_HORIZONS: 'fedavg' maps to .*, not a number of rounds"):
+            check_horizons("TEN_HORIZONS", {"fedavg": cap}, ["fedavg"], "algorithm")
+
+
 def test_near_the_best_the_rule_prefers_rates_that_converge_at_the_horizon(monkeypatch, tiny):
     # lr 0.01 and 0.03 still rise by 6 points over the last third of their curves; 0.1 and 0.3 are flat. The
     # plain rule takes 0.03 (within one standard error of the best, smaller); converging rates first, 0.1. The
