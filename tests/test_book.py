@@ -460,6 +460,12 @@ def test_smoke_fedrdn_headline_numbers(smoke_book):
     assert {a: glue[f"{a}_rounds"] for a in algorithms} == {a: horizons.get(a, params["NUM_ROUNDS"]) for a in algorithms}
     assert glue["num_rounds"] == f"{params['NUM_ROUNDS']} ({horizons['fedprox']} for FedProx)"
     assert f"on the five styles {glue['num_rounds']}" in glue["budget_rule"]
+    # the same on the ten styles: FedAvg's flows trained its horizon, not the page's TEN_NUM_ROUNDS
+    ten = params["TEN_HORIZONS"]
+    assert ten == {"fedavg": params["TEN_NUM_ROUNDS"] + 1} and params["TEN_ALGORITHMS"] == ["fedavg"]
+    assert glue["ten_fedavg_rounds"] == ten["fedavg"]
+    assert glue["ten_num_rounds"] == f"{params['TEN_NUM_ROUNDS']} ({ten['fedavg']} for FedAvg)"
+    assert f"on the ten {glue['ten_num_rounds']}" in glue["budget_rule"]
 
 
 def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):
