@@ -538,6 +538,10 @@ def test_smoke_report_reads_every_chapters_results_and_writes_them_as_files(smok
     assert len(json.loads((chapters / "reproducibility_report.json").read_text())) == len(table)
     listed = {(e.paper, e.source) for e in report.CATALOGUE}
     assert listed <= set(zip(table["paper"], table["source"]))   # every table and figure has its row
+    for chapter, res in results.items():   # the budget each chapter states is the one its parameters ran
+        stops = book.profile_parameters(PROFILES, chapter, "smoke").get("STOP_AT_PLATEAU")
+        if stops is not None:
+            assert ("stopped" in res["deviations"]) == stops, (chapter, res["deviations"])
     assert "torch==" in (chapters / "build-lock.txt").read_text()
     # each row's link lands on a section of its chapter's page
     html = smoke_book[1] / "chapters"

@@ -62,6 +62,13 @@ def test_record_writes_verdicts_with_the_provenance_of_their_runs(tmp_path):
         report.record(chapter_verdicts(), "nonsense", folder=tmp_path)
 
 
+def test_a_chapters_stated_budget_and_tuning_follow_its_parameters():
+    assert report.budget(180, False, [102, 100, 101], 180) == ("every run trained for all 180 rounds; learning rates "
+                                                               "tuned on seeds 100, 101, 102 at 180 rounds")
+    assert report.budget(90, True) == "each run stopped once its convergence test passed (at most 90 rounds)"
+    assert report.budget(60, False, [0]).endswith("tuned on seed 0")
+
+
 def test_claims_table_lays_the_catalogue_against_the_results(tmp_path):
     report.record(chapter_verdicts(), "distrans", section="what-we-found", deviations="Fashion-MNIST",
                   skipped={"Fig. 7": "UMAP_PER_CLIENT is 0 in this profile"}, folder=tmp_path)
