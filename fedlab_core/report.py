@@ -487,12 +487,15 @@ def budget(rounds: int | str, stop_at_plateau: bool, tune_seeds: Iterable[int] =
     """The phrase a chapter's ``deviations`` (:func:`record`) gives its budget and, with `tune_seeds`, its tuning,
     from its own parameters, so the report never says runs stopped at convergence where every run trained for
     all its rounds: "every run trained for all 180 rounds; rates tuned on seeds 100, 101, 102 at 180 rounds"."""
-    text = (f"each run stopped once its convergence test passed (at most {rounds} rounds)" if stop_at_plateau
-            else f"every run trained for all {rounds} rounds")
+    def counted(n: int | str) -> str:
+        return f"{n} round{'s' * (str(n) != '1')}"
+
+    text = (f"each run stopped once its convergence test passed (at most {counted(rounds)})" if stop_at_plateau
+            else f"every run trained for all {counted(rounds)}")
     seeds = sorted(tune_seeds)
     if seeds:
         text += (f"; learning rates tuned on seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
-                 + (f" at {tune_rounds} rounds" if tune_rounds is not None else ""))
+                 + (f" at {counted(tune_rounds)}" if tune_rounds is not None else ""))
     return text
 
 

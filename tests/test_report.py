@@ -67,6 +67,8 @@ def test_a_chapters_stated_budget_and_tuning_follow_its_parameters():
                                                                "tuned on seeds 100, 101, 102 at 180 rounds")
     assert report.budget(90, True) == "each run stopped once its convergence test passed (at most 90 rounds)"
     assert report.budget(60, False, [0]).endswith("tuned on seed 0")
+    assert report.budget(2, False, [100], 1) == ("every run trained for all 2 rounds; learning rates tuned on seed 100 "
+                                                 "at 1 round")
 
 
 def test_claims_table_lays_the_catalogue_against_the_results(tmp_path):
