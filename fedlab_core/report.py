@@ -486,7 +486,8 @@ def budget(rounds: int | str, stop_at_plateau: bool, tune_seeds: Iterable[int] =
            tune_rounds: int | str | None = None) -> str:
     """The phrase a chapter's ``deviations`` (:func:`record`) gives its budget and, with `tune_seeds`, its tuning,
     from its own parameters, so the report never says runs stopped at convergence where every run trained for
-    all its rounds: "every run trained for all 180 rounds; rates tuned on seeds 100, 101, 102 at 180 rounds"."""
+    all its rounds: "every run trained for all 180 rounds; learning rates tuned on seeds 100, 101, 102 at 180
+    rounds"."""
     def counted(n: int | str) -> str:
         return f"{n} round{'s' * (str(n) != '1')}"
 
