@@ -433,11 +433,19 @@ def first_screen(table: "pd.DataFrame") -> str:
     return "\n".join(out).strip()
 
 
+def rounds_text(rounds: int, horizons: Mapping[str, int], preposition: str = "on") -> str:
+    """A page's rounds where some of its runs take a longer horizon, for its prose: "90", or "90 (180 on label
+    skew)" for `horizons` ``{"label skew": 180}`` (each key as the page names it, after `preposition`)."""
+    longer = ", ".join(f"{cap} {preposition} {key}" for key, cap in horizons.items())
+    return f"{rounds} ({longer})" if longer else str(rounds)
+
+
 def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, tune_seeds: Iterable[int],
              seeds: Iterable[int], looks: int, validation_source: str = "share", converging: bool = False,
-             one_class: bool | None = None) -> dict[str, str]:
+             one_class: bool | None = None, horizons: Mapping[str, int] | None = None) -> dict[str, str]:
     """A chapter's sentences on how its runs were tuned, budgeted and judged, from its own parameters (so the
-    page reads right under every profile), for glue: ``budget_rule``, ``monitor_rule`` (``RunConfig``'s
+    page reads right under every profile), for glue: ``budget_rule`` (`horizons`: benchmark -> the rounds of its
+    runs and tuning where they are not `num_rounds`), ``monitor_rule`` (``RunConfig``'s
     ``validation_monitor`` and ``validation_source``), ``tune_seeds`` (how many, which, and whether the tables
     evaluate on them), ``tune_choice`` (``converging``: see :func:`~fedlab_core.tuning.tune`),
     ``second_look_rule`` and, for a chapter with one class per client (`one_class`: whether that regime is tuned
@@ -458,10 +466,17 @@ def protocol(num_rounds: int, stop_at_plateau: bool, validation_monitor: float, 
         choice = ("of the rates within one standard error (over the seeds) of the best, those whose tuning runs have "
                   "converged by their last round (the mean of their validation curves over the seeds passes the "
                   "convergence test) come first, then the smallest")
+    longer = "".join(f", {cap} on {key}" for key, cap in (horizons or {}).items())
+    if stop_at_plateau:
+        budget_rule = (f"Every run stops once its convergence test passes (at most {num_rounds} rounds{longer}), so the "
+                       "arms of a comparison may stop at different rounds: the verdicts then read unequal budgets.")
+    elif horizons:
+        budget_rule = (f"Every run trains for all its benchmark's rounds, {rounds_text(num_rounds, horizons)}, so both "
+                       "arms of every comparison get one budget; a benchmark given more rounds is tuned at them.")
+    else:
+        budget_rule = f"Every run trains for all {num_rounds} rounds, so both arms of every comparison get one budget."
     return {
-        "budget_rule": f"Every run trains for all {num_rounds} rounds, so both arms of every comparison get one budget."
-        if not stop_at_plateau else f"Every run stops once its convergence test passes (at most {num_rounds} rounds), "
-        "so the arms of a comparison may stop at different rounds: the verdicts then read unequal budgets.",
+        "budget_rule": budget_rule,
         "monitor_rule": monitor,
         "tune_seeds": f"{len(tune_seeds)} seed{'s' * (len(tune_seeds) > 1)} ({listed}), "
         + ("which the tables also evaluate on" if reused == tune_seeds else

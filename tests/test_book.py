@@ -208,9 +208,15 @@ def test_smoke_baselines_headline_numbers(smoke_book):
     assert 0 <= glue["runs_capped"] <= glue["runs_total"]
     assert 0.0 <= glue["fedaws_client"] <= 1.0 and 0.0 <= glue["fedavg_one_class_client"] <= 1.0
     assert params["TUNE_ONE_CLASS"] is True and glue["fedaws_rate"].startswith("both tuned on one class per client")
-    # one hypernetwork step per client and round: ten clients on the label-skew setting, five on feature skew
-    assert glue["pfedhn_steps_max"] == params["NUM_ROUNDS"] * params["NUM_CLIENTS"]
-    assert glue["pfedhn_steps_min"] == params["NUM_ROUNDS"] * 5
+    # one hypernetwork step per client and round: ten clients on the label-skew setting, five on feature skew, whose
+    # longer horizon (HORIZONS) its runs train, and its tuning too, while label skew keeps the page's rounds
+    horizons = params["HORIZONS"]
+    assert horizons == {"feature skew": params["NUM_ROUNDS"] + 1}
+    steps = sorted([params["NUM_ROUNDS"] * params["NUM_CLIENTS"], horizons["feature skew"] * 5])
+    assert [glue["pfedhn_steps_min"], glue["pfedhn_steps_max"]] == steps
+    assert glue["rounds_max"] == horizons["feature skew"]
+    assert glue["tune_rounds"] == f"{params['TUNE_ROUNDS']} ({horizons['feature skew']} on feature skew)"
+    assert f"rounds, {params['NUM_ROUNDS']} ({horizons['feature skew']} on feature skew)," in glue["budget_rule"]
     # every step of each ranking of the federated methods is judged, plus the first against FedAvg
     federated = len([a for a in params["ALGORITHMS"] if a not in ("single", "all")])
     assert len(params["SETTINGS"]) * (federated - 1) <= glue["ranking_claims"] <= len(params["SETTINGS"]) * federated
@@ -578,6 +584,10 @@ def test_smoke_head_to_head_headline_numbers(smoke_book):
     assert steps <= glue["steps_total"] <= steps + len(params["SPLITS"]) * (4 + combos)
     assert glue["steps_decided"] == 0                     # one seed, two rounds: nothing can be decided
     assert glue["personal_label_skew"] in ("pFedMe", "pFedHN", "pFedAvg", "PartialFed")
+    # feature skew's longer horizon (HORIZONS): its runs and its tuning, in the page's prose
+    horizon = params["HORIZONS"]["feature skew"]
+    assert glue["num_rounds"] == f"{params['NUM_ROUNDS']} ({horizon} on feature skew)" and horizon > params["NUM_ROUNDS"]
+    assert glue["tune_rounds"] == f"{params['TUNE_ROUNDS']} ({horizon} on feature skew)"
     assert glue["slowest_ratio"] > 1.0                     # DisTrans's offset step alone costs more than FedAvg's
     assert 1.0 < glue["fraug_bytes_ratio"] < 2.0            # the generator travels with the model, a fraction of it
 
@@ -831,6 +841,8 @@ def test_smoke_tuning_headline_numbers(smoke_book):
     assert 0 <= glue["edge_choices"] <= glue["choices"] and 0 <= glue["widened"] <= glue["choices"]
     assert glue["rates"] == ", ".join(f"{r:g}" for r in params["RATES"])
     assert glue["validation_share"] == 0.2
+    # feature skew tuned at its longer horizon (HORIZONS), label skew at TUNE_ROUNDS
+    assert glue["tune_rounds"] == f"{params['TUNE_ROUNDS']} ({params['HORIZONS']['feature skew']} on feature skew)"
 
 
 SHARED_PROTOCOL = ("MODEL", "NUM_CLIENTS", "MAX_TRAIN_SAMPLES", "MAX_TEST_SAMPLES", "SAMPLES_PER_DOMAIN",
@@ -866,6 +878,11 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
         assert params["RATES"] == tuning["RATES"], stem     # every chapter on the one absolute grid
     for stem in ("tuning", "distrans", "distrans_ablations", "baselines", "head_to_head"):   # moved
         assert book.profile_parameters(PROFILES, stem, "book")["TUNE_SEEDS"] == [100, 101, 102], stem
+    # the pages that rank the tuning chapter's methods tune and run each benchmark at its horizon (HORIZONS)
+    for stem in ("baselines", "head_to_head"):
+        for name in ("smoke", "book", "evidence"):
+            assert (book.profile_parameters(PROFILES, stem, name).get("HORIZONS", {})
+                    == book.profile_parameters(PROFILES, "tuning", name).get("HORIZONS", {})), (stem, name)
     # the evidence chooses its rates by one rule everywhere: the tuning chapter's
     rule = evidence["TUNE_CONVERGING"]
     assert rule and all(book.profile_parameters(PROFILES, stem, "evidence").get("TUNE_CONVERGING", rule) == rule
@@ -942,7 +959,13 @@ def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_befo
                                                        "page (it runs feature skew 5/5, label skew 5/5, uniform 10/5, "
                                                        "uniform 5/5)"),
     ("fedrdn", {"TEN_HORIZONS": {"fedfa": 375}}, "TEN_HORIZONS: 'fedfa' names no algorithm of this page (it runs "
-                                                 "fedavg)")])
+                                                 "fedavg)"),
+    ("baselines", {"HORIZONS": {"DH 0.8": 180}}, "HORIZONS: 'DH 0.8' names no benchmark of this page (it runs feature "
+                                                 "skew, label skew, one class per client)"),
+    ("head_to_head", {"HORIZONS": {"label skew": 0}}, "HORIZONS: 'label skew' maps to 0, not a number of rounds (a "
+                                                      "positive integer)"),
+    ("tuning", {"HORIZONS": {"one class per client": 180}}, "HORIZONS: 'one class per client' names no benchmark of "
+                                                            "this page (it runs feature skew, label skew)")])
 def test_a_horizon_for_nothing_a_page_runs_stops_it_before_any_run(tmp_path, stem, horizons, message):
     import papermill as pm
 

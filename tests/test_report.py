@@ -299,3 +299,17 @@ def test_the_protocol_sentences_follow_each_parameter():
     assert report.protocol(90, False, 1.0, [100, 101, 102], range(5), 2, one_class=False)["tune_one_class"] == (
         "One class per client takes the label-skew benchmark's rates (TUNE_ONE_CLASS = True tunes that regime on its "
         "own benchmark).")
+    # a benchmark given a longer horizon: the budget names its rounds, and says it was tuned there
+    longer = report.protocol(90, False, 1.0, [100, 101, 102], range(5), 2, horizons={"label skew": 180})
+    assert longer["budget_rule"] == ("Every run trains for all its benchmark's rounds, 90 (180 on label skew), so both "
+                                     "arms of every comparison get one budget; a benchmark given more rounds is tuned "
+                                     "at them.")
+    assert report.protocol(90, True, 1.0, [100], range(5), 2, horizons={"label skew": 180})["budget_rule"].startswith(
+        "Every run stops once its convergence test passes (at most 90 rounds, 180 on label skew), so")
+    assert report.protocol(90, False, 1.0, [100], range(5), 2, horizons={})["budget_rule"] == evidence["budget_rule"]
+
+
+def test_rounds_text_names_each_longer_horizon_after_the_pages_rounds():
+    assert report.rounds_text(90, {}) == "90"
+    assert report.rounds_text(90, {"label skew": 180, "feature skew": 120}) == "90 (180 on label skew, 120 on feature skew)"
+    assert report.rounds_text(90, {"FedAvg": 360}, "for") == "90 (360 for FedAvg)"
