@@ -8,7 +8,6 @@ turn the results into the book's tables and frames.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
@@ -19,7 +18,7 @@ from .parallel import end_with_parent
 from .progress import Report
 from .runs import RunConfig, is_measured, measured, resolve_device, run, run_many, stored, together
 from .store import History
-from .verdicts import SEED_CAP, mean_std
+from .verdicts import mean_std, two_looks
 
 if TYPE_CHECKING:  # pandas loads when a table is first asked for
     import pandas as pd
@@ -144,10 +143,6 @@ def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History] | Map
     :func:`~fedlab_core.verdicts.beats_every`). `judge` is e.g. ``functools.partial(verdicts.beats,
     claim="...")``; `sweep_kwargs` go to :func:`sweep`. ``looks=1``: one look, no seeds added
     (``judge(*sides)``), for a profile whose claims were planned without a second look."""
-    if looks == 1:
-        return judge(*sides)
-    if looks != 2:
-        raise ValueError(f"looks: 1 (no second look) or 2; got {looks!r}")
     more_seeds = list(more_seeds)
 
     def again() -> "Verdict":
@@ -158,10 +153,7 @@ def second_look(judge: Callable[..., "Verdict"], *sides: Sequence[History] | Map
         return judge(*({name: next(grown) for name in side} if isinstance(side, Mapping) else next(grown)
                        for side in sides), looks=2)
 
-    first = judge(*sides, looks=2)
-    if first.straddles:
-        return again()
-    return dataclasses.replace(first, more=again) if first.decided and first.seeds < SEED_CAP else first
+    return two_looks(lambda looks: judge(*sides) if looks == 1 else judge(*sides, looks=looks), again, looks)
 
 
 def _run_one_thread(config: RunConfig, kwargs: dict[str, Any]) -> History:

@@ -444,6 +444,22 @@ def _order_p(mean: float, se: float, n: int, sign: float, margin: float | None) 
     return held, reversed_, same
 
 
+def two_looks(first: Callable[[int], Verdict], grown: Callable[[], Verdict], looks: int = 2) -> Verdict:
+    """The rule's second look at one claim, whatever its values come from: ``first(looks)`` judges it on its first
+    seeds; with two looks, a claim whose interval alone left it undecided (:attr:`Verdict.straddles`) is judged
+    again by ``grown()``, on those seeds and more (up to :data:`SEED_CAP`, still with two looks), and a claim the
+    first look decided carries ``grown`` as :attr:`Verdict.more`, for :meth:`Verdicts.second_looks` should Holm's
+    adjustment undo it. ``looks=1``: the first look alone."""
+    if looks == 1:
+        return first(1)
+    if looks != 2:
+        raise ValueError(f"looks: 1 (no second look) or 2; got {looks!r}")
+    verdict = first(2)
+    if verdict.straddles:
+        return grown()
+    return dataclasses.replace(verdict, more=grown) if verdict.decided and verdict.seeds < SEED_CAP else verdict
+
+
 def order(a: Sequence[float] | Mapping[int, float], b: Sequence[float] | Mapping[int, float], claim: str = "",
           higher: bool = True, converged: bool = True, paper: str = "",
           runs: tuple[Sequence["History"], Sequence["History"]] = (), margin: float | None = _DEFAULT,

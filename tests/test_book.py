@@ -240,6 +240,25 @@ def test_smoke_distrans_toys_headline_numbers(smoke_book):
     assert glue["num_seeds"] == len(params["SEEDS"])
 
 
+def test_the_toys_judge_the_argmin_gap_on_its_grid_and_give_a_straddling_claim_its_second_look(tmp_path):
+    # the book profile's toys (seconds of numpy): the argmin gap is the same with and without offsets on every
+    # seed, which is no difference within one step of the w grid; Fig. 2b's loss straddles at five seeds, so
+    # seeds 5-9 are added and it is judged on ten
+    import papermill as pm
+
+    params = book.profile_parameters(PROFILES, "distrans_toys", "book")
+    assert params["LOOKS"] == 2 and params["SEEDS"] == [0, 1, 2, 3, 4]
+    pm.execute_notebook(str(ROOT / "notebooks" / "distrans_toys.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
+    rows = {r["claim"]: r for r in json.loads((tmp_path / "results" / "distrans_toys.json").read_text())["rows"]}
+    argmin = rows["Fig. 2a: offsets bring the two clients' best w together (argmin gap)"]
+    assert argmin["verdict"] == "not held (no difference)" and argmin["seeds"] == 5
+    assert argmin["low"] == argmin["high"] == 0.0
+    loss = rows["Fig. 2b: with offsets FedAvg converges to a smaller training loss"]
+    assert loss["seeds"] == 10 and loss["low"] < 0 < loss["high"]      # still straddles at ten: undecided
+    assert rows["Fig. 2a: offsets reduce the difference between the two clients' losses (mean gap)"]["seeds"] == 5
+
+
 def test_smoke_distrans_headline_numbers(smoke_book):
     glue = book.read_glue(smoke_book[0] / "chapters" / "distrans.ipynb")
     params = book.profile_parameters(PROFILES, "distrans", "smoke")

@@ -746,6 +746,31 @@ def test_second_looks_grows_only_the_claims_holm_undid_until_none_is_left():
     assert found.second_looks() == 0 and taken == ["Table 1: A beats B"]   # each claim looks again once
 
 
+def test_two_looks_grows_a_straddling_claim_and_keeps_the_growth_for_a_decided_one():
+    # values from anything (a numpy toy, not runs): the first five seeds, then ten when the interval straddles
+    straddling, ten = [0.01, -0.02, 0.015, 0.0, -0.01], [0.02, 0.021, 0.019, 0.02, 0.022] * 2
+    calls = []
+
+    def first(values):
+        return lambda looks: calls.append(("first", looks)) or order(values, [0.0] * 5, "Fig. 2b: A beats B",
+                                                                    looks=looks)
+
+    def grown():
+        calls.append(("grown", 2))
+        return order(ten, [0.0] * 10, "Fig. 2b: A beats B", looks=2)
+
+    v = verdicts.two_looks(first(straddling), grown)
+    assert calls == [("first", 2), ("grown", 2)] and v.seeds == 10 and v.label == "held"
+    calls.clear()
+    clear = verdicts.two_looks(first(ten[:5]), grown)            # decided at five: no seeds added now ...
+    assert calls == [("first", 2)] and clear.seeds == 5 and clear.decided and clear.more is grown   # ... but kept
+    calls.clear()
+    once = verdicts.two_looks(first(straddling), grown, looks=1)  # one look planned: the 95% interval, no growth
+    assert calls == [("first", 1)] and once.seeds == 5 and once.more is None
+    with pytest.raises(ValueError, match=r"^looks: 1 \(no second look\) or 2; got 3"):
+        verdicts.two_looks(first(straddling), grown, looks=3)
+
+
 # ------------------------------------------------------------------------------ beats every other
 
 @pytest.mark.parametrize("rivals", [2, 3, 4, 5])
