@@ -908,10 +908,12 @@ def ranking_view(table: "pd.DataFrame") -> "pd.DataFrame":
 
 
 def ahead_over_rounds(a: Sequence["History"], b: Sequence["History"], claim: str = "",
-                      metric: str = "mean_client_accuracy", paper: str = "", margin: float | None = MARGIN) -> Verdict:
+                      metric: str = "mean_client_accuracy", paper: str = "", margin: float | None = MARGIN,
+                      looks: int = 1) -> Verdict:
     """:func:`order` on "a is ahead of b over the rounds" (a claim about curves, e.g. "converges faster" or
     "ahead at every round"): per seed, the mean of a - b over the rounds both runs evaluated, the area
-    between the curves per round. Not the smallest lead, which one noisy round decides."""
+    between the curves per round. Not the smallest lead, which one noisy round decides. `looks`: as in
+    :func:`order` (2 for a claim that may take the second look)."""
     by_seed = {int(h.config["seed"]): h for h in b}
     lead = {}
     for h in a:
@@ -921,7 +923,8 @@ def ahead_over_rounds(a: Sequence["History"], b: Sequence["History"], claim: str
         diverged = any(_diverged(x, metric) for x in (h, by_seed[seed]))
         lead[seed] = math.nan if diverged or not common else float(np.mean([ca[r] - cb[r] for r in common]))
     return order(lead, {s: 0.0 for s in lead}, claim, True, runs_converged(a, metric) and runs_converged(b, metric),
-                 paper, runs=(a, b), margin=margin, score="mean difference over the evaluated rounds", metric=metric)
+                 paper, runs=(a, b), margin=margin, looks=looks, score="mean difference over the evaluated rounds",
+                 metric=metric)
 
 
 # ------------------------------------------------------------------------------ the rule's error rates

@@ -349,6 +349,10 @@ def test_ahead_over_rounds_judges_the_mean_lead_not_the_smallest():
     assert ahead_over_rounds(dip, base).verdict == "held"   # one bad round does not decide it
     early = [_history(s, _saturating(8)) for s in range(5)]
     assert ahead_over_rounds(early, early).label == "inconclusive (not converged)"
+    # planned with two looks, its interval is the wider one of each look (the second look's seeds may follow)
+    lead = [_history(s, [x + 0.004 * (s - 1) for x in _saturating(30, top=0.80, noise=0.002, seed=s)]) for s in range(5)]
+    one, two = ahead_over_rounds(lead, base), ahead_over_rounds(lead, base, looks=2)
+    assert two.mean == pytest.approx(one.mean) and two.low < one.low and two.high > one.high
 
 
 # ------------------------------------------------------------------------------ a chapter's verdicts
