@@ -362,6 +362,13 @@ def per_flow(algorithms: Mapping[str, Mapping[str, Any]], flows: Mapping[str, Ma
     return {flow_label((a, f)): {**changes, **flow} for a, changes in algorithms.items() for f, flow in flows.items()}
 
 
+def with_horizons(algorithms: Mapping[str, Mapping[str, Any]], horizons: Mapping[str, int]
+                  ) -> dict[str, Mapping[str, Any]]:
+    """The config changes of each algorithm, with ``num_rounds`` set where `horizons` (algorithm -> rounds) gives
+    it a longer horizon: :func:`tune` then tunes it there, and every flow of it (:func:`per_flow`) alike."""
+    return {a: {**changes, "num_rounds": horizons[a]} if a in horizons else changes for a, changes in algorithms.items()}
+
+
 def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda key: key,
                   regimes: Mapping[str, Tuning] | None = None) -> tuple[dict[Any, Any], dict[Any, set[str]]]:
     """Apply the tuned rates to each config, except those its chapter set on purpose.

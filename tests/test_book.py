@@ -514,6 +514,8 @@ def test_smoke_fedrdn_analysis_headline_numbers(smoke_book):
     assert glue["table4_fedrdn"] == pytest.approx(glue["final_fedrdn"])
     assert glue["num_epoch_settings"] == len(params["EPOCHS"])
     assert 0 <= glue["epochs_rdn_ahead"] <= glue["num_epoch_settings"]
+    # FedFA's arms of Fig. 1 train its longer horizon (HORIZONS), FedAvg's the page's rounds
+    assert glue["fedfa_rounds"] == params["FEDFA_ROUNDS"] > glue["fedavg_rounds"] == params["NUM_ROUNDS"]
     for name in ("fedavg", "fedrdn"):
         assert 0.0 <= glue[f"epochs_drop_{name}"] <= glue[f"epochs_range_{name}"] <= 1.0
 
@@ -897,6 +899,11 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
         assert params["RATES"] == tuning["RATES"], stem     # every chapter on the one absolute grid
     for stem in ("tuning", "distrans", "distrans_ablations", "baselines", "head_to_head"):   # moved
         assert book.profile_parameters(PROFILES, stem, "book")["TUNE_SEEDS"] == [100, 101, 102], stem
+    # the FedRDN analysis reads the FedRDN chapter's FedFA runs: at its horizon for FedFA
+    for name in ("book", "evidence"):
+        fedrdn = book.profile_parameters(PROFILES, "fedrdn", name)
+        assert (book.profile_parameters(PROFILES, "fedrdn_analysis", name)["FEDFA_ROUNDS"]
+                == fedrdn["HORIZONS"].get("fedfa", fedrdn["NUM_ROUNDS"])), name
     # the pages that rank the tuning chapter's methods tune and run each benchmark at its horizon (HORIZONS)
     for stem in ("baselines", "head_to_head"):
         for name in ("smoke", "book", "evidence"):
