@@ -900,7 +900,7 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
     for stem in ("tuning", "distrans", "distrans_ablations", "baselines", "head_to_head"):   # moved
         assert book.profile_parameters(PROFILES, stem, "book")["TUNE_SEEDS"] == [100, 101, 102], stem
     # the FedRDN analysis reads the FedRDN chapter's FedFA runs: at its horizon for FedFA
-    for name in ("book", "evidence"):
+    for name in ("book", "evidence", "paper"):
         fedrdn = book.profile_parameters(PROFILES, "fedrdn", name)
         assert (book.profile_parameters(PROFILES, "fedrdn_analysis", name)["FEDFA_ROUNDS"]
                 == fedrdn["HORIZONS"].get("fedfa", fedrdn["NUM_ROUNDS"])), name
