@@ -862,7 +862,9 @@ def test_smoke_tuning_headline_numbers(smoke_book):
     assert 0 <= glue["edge_choices"] <= glue["choices"] and 0 <= glue["widened"] <= glue["choices"]
     assert glue["rates"] == ", ".join(f"{r:g}" for r in params["RATES"])
     assert glue["validation_share"] == 0.2
-    # feature skew tuned at its longer horizon (HORIZONS), label skew at TUNE_ROUNDS
+    # feature skew tuned at its longer horizon (HORIZONS), label skew at TUNE_ROUNDS: the runs, and the prose
+    assert glue["tune_rounds_feature_skew"] == params["HORIZONS"]["feature skew"] > params["TUNE_ROUNDS"]
+    assert glue["tune_rounds_label_skew"] == params["TUNE_ROUNDS"]
     assert glue["tune_rounds"] == f"{params['TUNE_ROUNDS']} ({params['HORIZONS']['feature skew']} on feature skew)"
 
 
