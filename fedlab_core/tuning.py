@@ -88,6 +88,7 @@ class Tuning:
     rounds, seeds, validation : how the candidates were run (`rounds`: those of a method whose changes set none).
     absolute : whether the grid was :data:`RATES` (with widening) or factors of the paper rates.
     converging : whether converging candidates came first among those near the best (see the module docstring).
+    names : the rates tuned, the learning rate first, then the second rates (:func:`second_rate_grids`).
     """
 
     grid: "pd.DataFrame"
@@ -97,6 +98,7 @@ class Tuning:
     validation: float
     absolute: bool = False
     converging: bool = False
+    names: tuple[str, ...] = ("lr",)
 
     def by_rate(self) -> "pd.DataFrame":
         """Method x learning rate tried (absolute grid) or factor of its paper rate (relative grid): the best
@@ -174,7 +176,7 @@ class Tuning:
             best = group[group["chosen"]].iloc[0]
             row = {"paper lr": best["lr"] / best["factor"], "chosen lr": best["lr"], "factor": best["factor"],
                    "validation": best["validation"]}
-            for name, _ in SECOND_RATES.values():
+            for name in self.names[1:]:
                 if name in group and not pd.isna(best.get(name)):
                     row[f"chosen {name}"] = best[name]
             if self.absolute:
@@ -216,13 +218,14 @@ def _default(config: RunConfig, name: str) -> float:
     return float(params[name])
 
 
-def candidates(config: RunConfig, grid=GRID, rates=None) -> list[dict[str, float]]:
+def candidates(config: RunConfig, grid=GRID, rates=None, second_rates=None) -> list[dict[str, float]]:
     """The rates to try for the method of `config`: its paper rate times each factor of `grid`, paired with
     its second rate's paper value times each of that rate's factors (:data:`SECOND_RATES`); or, with `rates`,
-    those learning rates paired with the second rate's absolute grid (:data:`SECOND_RATE_GRIDS`)."""
+    those learning rates paired with the second rate's absolute grid (:data:`SECOND_RATE_GRIDS`, or
+    `second_rates`, the same mapping as :func:`second_rate_grids` returns it)."""
     if rates is not None:
-        axes = [("lr", tuple(rates))] + ([SECOND_RATE_GRIDS[config.algorithm]]
-                                         if config.algorithm in SECOND_RATE_GRIDS else [])
+        second = SECOND_RATE_GRIDS if second_rates is None else second_rates
+        axes = [("lr", tuple(rates))] + ([second[config.algorithm]] if config.algorithm in second else [])
     else:
         axes = [(name, tuple(_default(config, name) * f for f in factors))
                 for name, factors in [("lr", grid)] + ([SECOND_RATES[config.algorithm]]
@@ -233,9 +236,36 @@ def candidates(config: RunConfig, grid=GRID, rates=None) -> list[dict[str, float
     return out
 
 
+def second_rate_grids(extra: Mapping[str, Sequence[Any]] | None = None) -> dict[str, tuple[str, tuple[float, ...]]]:
+    """The absolute grids of the second rates: :data:`SECOND_RATE_GRIDS` with `extra`'s entries added or replacing
+    theirs. `extra` maps an algorithm to ``(parameter, values)``, e.g. ``{"pfedme": ("personal_lr", (0.01, 0.03,
+    0.09))}`` (pFedMe's inner rate, which its paper value of 0.09 leaves unstable on curved losses); checked before
+    any run: the algorithm must exist, the parameter be one of its rates, and the values distinct and in its range.
+    Raises a ValueError that starts with ``second_rates``."""
+    out = dict(SECOND_RATE_GRIDS)
+    for algorithm, entry in (extra or {}).items():
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"second_rates: unknown algorithm {algorithm!r}; choose from {', '.join(sorted(ALGORITHMS))}")
+        if not (isinstance(entry, Sequence) and not isinstance(entry, str) and len(entry) == 2
+                and isinstance(entry[0], str) and isinstance(entry[1], Sequence) and not isinstance(entry[1], str)):
+            raise ValueError(f"second_rates: {algorithm}'s entry must be (parameter, [values]); got {entry!r}")
+        name, values = entry[0], tuple(entry[1])
+        rates = [n for n, c in ALGORITHMS[algorithm].constraints.items() if n.endswith("lr")]
+        if name == "lr" or name not in rates:
+            raise ValueError(f"second_rates: {algorithm} has no second rate {name!r}; its rates: "
+                             + (", ".join(rates) or "none"))
+        if not values or len(set(values)) != len(values):
+            raise ValueError(f"second_rates: {algorithm}'s {name} needs one or more distinct values; got {list(values)}")
+        for v in values:
+            ALGORITHMS[algorithm].check_params({name: v}, "second_rates")
+        out[algorithm] = (name, tuple(float(v) for v in values))
+    return out
+
+
 def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int, seeds: Sequence[int] = (0,),
          grid=GRID, validation: float = VALIDATION, metric: str = METRIC, rates=None, widen: int = 2,
-         eval_every: int | None = None, converging: bool = False, **sweep_kwargs) -> Tuning:
+         eval_every: int | None = None, converging: bool = False,
+         second_rates: Mapping[str, Sequence[Any]] | None = None, **sweep_kwargs) -> Tuning:
     """Tune every method of a benchmark on its validation split.
 
     Parameters
@@ -255,6 +285,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         value beyond it.
     converging : among the candidates within one standard error of the best, those whose mean validation curve
         converges come first (needs `rates`: its runs are evaluated :data:`EVALUATIONS` times).
+    second_rates : with `rates`, second rates tuned beside those of :data:`SECOND_RATE_GRIDS`: algorithm ->
+        ``(parameter, values)`` (:func:`second_rate_grids`); each tried with every learning rate.
     sweep_kwargs : for :func:`~fedlab_core.sweeps.sweep` (``max_workers``, ``cache_dir``...).
     """
     import pandas as pd
@@ -265,6 +297,9 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         raise ValueError(f"lr: a tuned benchmark leaves the rate to the tuning; got {base.lr!r}")
     if converging and rates is None:
         raise ValueError("converging: the convergence test needs a curve; tune on the absolute grid (rates=RATES)")
+    if second_rates and rates is None:
+        raise ValueError("second_rates: absolute grids of second rates need the absolute grid (rates=RATES)")
+    second = second_rate_grids(second_rates)
     seeds = tuple(seeds)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: give one or more distinct tuning seeds; got {list(seeds)}")
@@ -273,7 +308,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
                                    eval_every=eval_every or (horizons[label] if rates is None
                                                              else max(1, horizons[label] // EVALUATIONS)))
                for label, changes in methods.items()}
-    todo = [(label, c) for label, config in configs.items() for c in candidates(config, grid, rates)]
+    todo = [(label, c) for label, config in configs.items() for c in candidates(config, grid, rates, second)]
+    names = ("lr", *dict.fromkeys(n for _, c in todo for n in c if n != "lr"))
     rows: list[dict[str, Any]] = []
     for _ in range(1 + (widen if rates is not None else 0)):
         histories = iter(sweep([_with_rates(configs[label], c).replace(seed=s) for label, c in todo for s in seeds],
@@ -291,7 +327,7 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
                                              if (why := degenerate(h, metric))), ""),
                          "seconds": sum(h.meta["seconds"] for h in runs)})
         frame = pd.DataFrame(rows)
-        chosen = _choose(frame, converging)
+        chosen = _choose(frame, names, converging)
         if rates is None:
             break
         todo = []
@@ -303,7 +339,8 @@ def tune(base: RunConfig, methods: Mapping[str, Mapping[str, Any]], rounds: int,
         if not todo:
             break
     frame["chosen"] = [all(r[k] == chosen[r["method"]][k] for k in chosen[r["method"]]) for _, r in frame.iterrows()]
-    return Tuning(frame, chosen, rounds, seeds, validation, absolute=rates is not None, converging=converging)
+    return Tuning(frame, chosen, rounds, seeds, validation, absolute=rates is not None, converging=converging,
+                  names=names)
 
 
 def _mean_curve_converges(runs: Sequence[Any], metric: str) -> bool:
@@ -315,9 +352,11 @@ def _mean_curve_converges(runs: Sequence[Any], metric: str) -> bool:
     return mean is not None and plateaued(mean)
 
 
-def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[str, float]]:
+def _choose(frame: "pd.DataFrame", names: Sequence[str] = ("lr",), converging: bool = False
+            ) -> dict[str, dict[str, float]]:
     """Per method, the one-standard-error rule: of the candidates whose mean validation score lies within one
-    standard error of the best mean, the smallest learning rate, then the smallest second rate. With one seed
+    standard error of the best mean, the smallest learning rate, then the smallest second rate (the rates are the
+    columns `names`, in that order). With one seed
     (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
     the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not, nor one with a
     degenerate seed (column ``degenerate``: :func:`~fedlab_core.verdicts.degenerate`, e.g. a model answering each
@@ -326,7 +365,6 @@ def _choose(frame: "pd.DataFrame", converging: bool = False) -> dict[str, dict[s
     import pandas as pd
 
     chosen = {}
-    names = ("lr", *dict.fromkeys(n for n, _ in (*SECOND_RATES.values(), *SECOND_RATE_GRIDS.values())))
     for label, group in frame.groupby("method", sort=False):
         sound = group[group["degenerate"] == ""] if "degenerate" in group else group
         group = sound if len(sound) else group

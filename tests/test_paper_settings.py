@@ -328,6 +328,40 @@ def test_a_method_given_its_own_horizon_is_tuned_there_and_the_others_at_the_tun
     assert t.unsound() == {"prox": "all 2 of its candidates in the 40-round tuning failed: 2 diverged"}
 
 
+def test_a_second_rate_given_to_the_tuning_is_tried_with_every_rate_chosen_by_the_rule_and_reaches_the_runs(
+        monkeypatch, tiny):
+    # pFedMe's inner rate: 0.09 (its paper value) swings with the seed, 0.03 is steady and within one standard
+    # error of it, 0.01 clearly worse; the rule takes 0.03, and the runs tuned_configs makes use it
+    means, swing, seen = {0.01: 0.60, 0.03: 0.70, 0.09: 0.72}, {0.01: 0.0, 0.03: 0.005, 0.09: 0.08}, set()
+
+    def score_of(c):
+        if c.algorithm == "pfedme":
+            inner = c.algorithm_params.get("personal_lr", 0.09)
+            seen.add((c.lr, inner))
+            return means[inner] + swing[inner] * (c.seed - 101)
+        return 0.5
+    _scored_by(monkeypatch, score_of)
+    extra = {"pfedme": ["personal_lr", [0.01, 0.03, 0.09]]}
+    t = tune(tiny.replace(lr=None), {"pfedme": {"algorithm": "pfedme"}, "fedavg": {}}, rounds=10, rates=(0.01, 0.03),
+             seeds=SEEDS, widen=0, second_rates=extra)
+    assert seen == {(lr, p) for lr in (0.01, 0.03) for p in (0.01, 0.03, 0.09)}
+    assert t.chosen == {"pfedme": {"lr": 0.01, "personal_lr": 0.03}, "fedavg": {"lr": 0.01}}
+    assert t.table().loc["pfedme", "chosen personal_lr"] == 0.03 and "chosen personal_lr" in t.table()
+    configs, tuned = tuned_configs({"pfedme": tiny.replace(algorithm="pfedme", lr=None)}, t)
+    assert (configs["pfedme"].lr, configs["pfedme"].algorithm_params) == (0.01, {"personal_lr": 0.03})
+    assert tuned["pfedme"] == {"lr", "personal_lr"}
+    # without it pFedMe keeps its paper value, as before
+    assert "personal_lr" not in tune(tiny.replace(lr=None), {"pfedme": {"algorithm": "pfedme"}}, rounds=10,
+                                     rates=(0.01, 0.03), seeds=SEEDS, widen=0).grid
+    for bad, message in ((extra, "absolute grids of second rates need the absolute grid"),
+                         ({"pfedme": ["lam", [1.0]]}, "pfedme has no second rate 'lam'; its rates: personal_lr"),
+                         ({"pfedme": ["personal_lr", [0.1, -0.1]]}, "'pfedme' parameter 'personal_lr' must be a number"),
+                         ({"nope": ["personal_lr", [0.1]]}, "unknown algorithm 'nope'")):
+        with pytest.raises(ValueError, match="^second_rates: " + message.replace("(", r"\(")):
+            tune(tiny.replace(lr=None), {"pfedme": {"algorithm": "pfedme"}}, rounds=10, seeds=SEEDS, second_rates=bad,
+                 **({} if bad is extra else {"rates": (0.01,)}))
+
+
 def test_a_horizon_for_nothing_the_page_runs_or_of_no_rounds_is_refused_in_one_line():
     from fedlab_core.notebook import ParameterError, check_horizons
 
