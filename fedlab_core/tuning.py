@@ -356,9 +356,8 @@ def _choose(frame: "pd.DataFrame", names: Sequence[str] = ("lr",), converging: b
             ) -> dict[str, dict[str, float]]:
     """Per method, the one-standard-error rule: of the candidates whose mean validation score lies within one
     standard error of the best mean, the smallest learning rate, then the smallest second rate (the rates are the
-    columns `names`, in that order). With one seed
-    (no standard error): the best score; ties go to the rate nearest the paper's (|log factor| smallest), then
-    the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not, nor one with a
+    columns `names`, in that order). With one seed (no standard error): the best score; ties go to the rate nearest
+    the paper's (|log factor| smallest), then the smaller rate. A candidate with a diverged seed (NaN) is never chosen while another is not, nor one with a
     degenerate seed (column ``degenerate``: :func:`~fedlab_core.verdicts.degenerate`, e.g. a model answering each
     client with its own class) while a candidate without one remains. With `converging`, the candidates that
     converge (column ``converges``) come first among those within one standard error of the best."""
