@@ -275,6 +275,12 @@ def test_smoke_distrans_headline_numbers(smoke_book):
     assert params["TUNE_ONE_CLASS"] is True and glue["tune_one_class"].startswith("One class per client is tuned on")
     assert glue["one_class_tuned_at"] == "the tuning's choice on one class per client itself"
     assert glue["fedaws_rate"] == "the one-class tuning tunes it like every other method"
+    # a second rate the profile gives (TUNE_SECOND_RATES) is tuned and reaches pFedMe's runs: one of the values tried,
+    # or the next beyond an edge the tuning widened to
+    name, values = params["TUNE_SECOND_RATES"]["pfedme"]
+    assert f"pfedme's `{name}` at {', '.join(f'{v:g}' for v in values)}" in glue["second_rates"]
+    tried = {*values, values[0] / (values[1] / values[0]), values[-1] * (values[-1] / values[-2])}
+    assert any(glue["pfedme_personal_lr"] == pytest.approx(v, rel=1e-4) for v in tried)
 
 
 def test_smoke_distrans_ablations_headline_numbers(smoke_book):
