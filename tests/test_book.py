@@ -259,6 +259,36 @@ def test_the_toys_judge_the_argmin_gap_on_its_grid_and_give_a_straddling_claim_i
     assert rows["Fig. 2a: offsets reduce the difference between the two clients' losses (mean gap)"]["seeds"] == 5
 
 
+def test_the_fedrdn_analysis_reads_fig_2_on_one_budget_and_gives_its_straddling_claims_a_second_look(tmp_path,
+                                                                                                    monkeypatch):
+    # the book profile from the archive alone (a deadline already past: a run it lacks fails, none is computed).
+    # Every local-epoch setting trains the one-epoch runs' rounds; the "at convergence" claims straddled at five
+    # seeds, so their arms' seeds 5-9 are read as the claim reads them and judged on ten; the "equal steps"
+    # readings stop a 20-epoch run after 6 rounds, before it settles, so they stay at five, not converged
+    import time
+
+    import papermill as pm
+
+    monkeypatch.setenv("FEDLAB_DEADLINE", str(time.time()))
+    monkeypatch.setenv("FEDLAB_CACHE_DIR", str(tmp_path / "cache"))   # the archive's runs, not this checkout's cache
+    params = book.profile_parameters(PROFILES, "fedrdn_analysis", "book")
+    assert params["EPOCH_MAX_ROUNDS"] == params["NUM_ROUNDS"] and params["LOOKS"] == 2
+    pm.execute_notebook(str(ROOT / "notebooks" / "fedrdn_analysis.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
+    rows = {r["claim"]: r for r in json.loads((tmp_path / "results" / "fedrdn_analysis.json").read_text())["rows"]}
+    last = params["EPOCHS"][-1]
+    for claim in (f"Fig. 2, at convergence: FedAvg is better with 1 local epoch than with {last}",
+                  f"Fig. 2, at convergence: FedRDN beats FedAvg at {last} local epochs"):
+        row = rows[claim]
+        assert row["seeds"] == 10 and row["converged"]
+        assert {run["num_rounds"] for side in row["runs"] for run in side} == {params["NUM_ROUNDS"]}
+        assert sorted(run["seed"] for run in row["runs"][0]) == list(range(10))
+    assert rows[f"Fig. 2, at convergence: FedRDN beats FedAvg at {last} local epochs"]["verdict"] == "held"
+    for claim in (f"Fig. 2, equal steps: FedAvg is better with 1 local epoch than with {last}",
+                  f"Fig. 2, equal steps: FedRDN beats FedAvg at {last} local epochs"):
+        assert rows[claim]["seeds"] == 5 and rows[claim]["verdict"] == "inconclusive (not converged)"
+
+
 def test_smoke_distrans_headline_numbers(smoke_book):
     glue = book.read_glue(smoke_book[0] / "chapters" / "distrans.ipynb")
     params = book.profile_parameters(PROFILES, "distrans", "smoke")
