@@ -289,6 +289,33 @@ def test_the_fedrdn_analysis_reads_fig_2_on_one_budget_and_gives_its_straddling_
         assert rows[claim]["seeds"] == 5 and rows[claim]["verdict"] == "inconclusive (not converged)"
 
 
+def test_the_distrans_page_decides_table_1_at_dh_60_and_80_from_the_archive_alone(tmp_path, monkeypatch):
+    # the book profile from the archive alone (a deadline already past: a run it lacks fails, none is computed; the
+    # UMAP feature maps come from book/measurements). At its tuned personal rate pFedMe settles at every DH and is
+    # ahead of DisTrans at 60% (decided at five seeds) and 80% (straddled at five, decided at ten: seeds 5-9 of all
+    # five arms); the best rival is picked on the tuning seeds, not on the runs the claim reads
+    import time
+
+    import papermill as pm
+
+    monkeypatch.setenv("FEDLAB_DEADLINE", str(time.time()))
+    monkeypatch.setenv("FEDLAB_CACHE_DIR", str(tmp_path / "cache"))
+    params = book.profile_parameters(PROFILES, "distrans", "book")
+    assert params["TUNE_SECOND_RATES"] == {"pfedme": ["personal_lr", [0.01, 0.03, 0.09]]} and params["LOOKS"] == 2
+    pm.execute_notebook(str(ROOT / "notebooks" / "distrans.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
+    rows = {r["claim"]: r for r in json.loads((tmp_path / "results" / "distrans.json").read_text())["rows"]}
+    for dh, seeds in ((60, 5), (80, 10)):
+        row = rows[f"Table 1, DH {dh}%: DisTrans beats every other method (closest: pfedme)"]
+        assert row["verdict"] == "not held (reversed)" and row["seeds"] == seeds and row["converged"]
+        assert row["high"] < 0
+        assert sorted(run["seed"] for run in row["runs"][0]) == list(range(seeds))
+        assert {run["num_rounds"] for side in row["runs"] for run in side} == {params["NUM_ROUNDS"]}
+    # DH 0% still rises over its last third at 180 rounds: the rule does not read it
+    assert rows["Table 1, DH 0%: DisTrans beats every other method (closest: moon)"]["verdict"] == \
+        "inconclusive (not converged)"
+
+
 def test_smoke_distrans_headline_numbers(smoke_book):
     glue = book.read_glue(smoke_book[0] / "chapters" / "distrans.ipynb")
     params = book.profile_parameters(PROFILES, "distrans", "smoke")
