@@ -406,6 +406,20 @@ def with_horizons(algorithms: Mapping[str, Mapping[str, Any]], horizons: Mapping
     return {a: {**changes, "num_rounds": horizons[a]} if a in horizons else changes for a, changes in algorithms.items()}
 
 
+def horizon_label(method: str, rounds: int | None = None) -> str:
+    """The label :func:`at_horizons` tunes `method` under at a longer horizon of `rounds` (None: its own)."""
+    return method if rounds is None else f"{method} at {rounds} rounds"
+
+
+def at_horizons(methods: Mapping[str, Mapping[str, Any]], horizons: Mapping[Any, int]) -> dict[str, Mapping[str, Any]]:
+    """The methods to tune where some cells of a page (`horizons`: cell -> rounds, e.g. a DH level) train for longer:
+    each method as given, and once more for each distinct horizon, labelled :func:`horizon_label` and with
+    ``num_rounds`` set, so that :func:`tune` tunes it there and a cell takes the rates of its own horizon
+    (``method_of`` of :func:`tuned_configs`: ``horizon_label(method, horizons.get(cell))``)."""
+    return {**methods, **{horizon_label(m, rounds): {**changes, "num_rounds": rounds}
+                          for rounds in sorted(set(horizons.values())) for m, changes in methods.items()}}
+
+
 def tuned_configs(configs: Mapping[Any, Any], tuning: Tuning, method_of=lambda key: key,
                   regimes: Mapping[str, Tuning] | None = None) -> tuple[dict[Any, Any], dict[Any, set[str]]]:
     """Apply the tuned rates to each config, except those its chapter set on purpose.

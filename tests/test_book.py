@@ -338,6 +338,15 @@ def test_smoke_distrans_headline_numbers(smoke_book):
     assert f"pfedme's `{name}` at {', '.join(f'{v:g}' for v in values)}" in glue["second_rates"]
     tried = {*values, values[0] / (values[1] / values[0]), values[-1] * (values[-1] / values[-2])}
     assert any(glue["pfedme_personal_lr"] == pytest.approx(v, rel=1e-4) for v in tried)
+    # a level with a longer horizon (HORIZONS): its runs train it, and its rates come from the tuning at it
+    assert params["HORIZONS"] == {"0%": params["NUM_ROUNDS"] + 1}
+    assert glue["rounds_min"] == params["NUM_ROUNDS"] and glue["rounds_max"] == params["NUM_ROUNDS"] + 1
+    assert glue["run_rounds"] == f"{params['NUM_ROUNDS']} ({params['NUM_ROUNDS'] + 1} at DH 0%)"
+    assert glue["tune_rounds"] == f"{params['TUNE_ROUNDS']} ({params['NUM_ROUNDS'] + 1} for DH 0%)"
+    rows = json.loads((smoke_book[0] / "chapters" / "results" / "distrans.json").read_text())["rows"]
+    for row in rows:   # every verdict reads one level's runs: all at its horizon
+        rounds = {run["num_rounds"] for side in row["runs"] for run in side}
+        assert rounds == ({params["NUM_ROUNDS"] + 1} if "DH 0%" in row["claim"] else {params["NUM_ROUNDS"]}), row["claim"]
 
 
 def test_smoke_distrans_ablations_headline_numbers(smoke_book):
@@ -354,8 +363,15 @@ def test_smoke_distrans_ablations_headline_numbers(smoke_book):
     assert glue["scale_dh"] == pytest.approx(params["TARGET_DH"]) and glue["scale_classes"] == 5
     assert glue["paper_default_mismatches"] == 1         # Bird-200 at DH 60% in the paper's Table 4
     assert glue["num_levels"] == len(params["DH_VALUES"]) + 1
-    # every run but Table 5's may stop once converged, none after the cap; Table 5's run all their rounds
-    assert 1 <= glue["rounds_min"] <= glue["rounds_max"] <= params["NUM_ROUNDS"]
+    # every run but Table 5's may stop once converged, none after its level's cap; Table 5's run all their rounds
+    assert params["HORIZONS"] == {"0%": params["NUM_ROUNDS"] + 1}
+    assert 1 <= glue["rounds_min"] <= glue["rounds_max"] <= params["NUM_ROUNDS"] + 1
+    assert glue["tune_rounds"] == f"{params['TUNE_ROUNDS']} ({params['NUM_ROUNDS'] + 1} for DH 0%)"
+    rows = json.loads((smoke_book[0] / "chapters" / "results" / "distrans_ablations.json").read_text())["rows"]
+    for row in rows:   # an ablation at DH 0% trains its horizon (and takes DisTrans's rates tuned at it)
+        if row["claim"].startswith(("Table 3", "Table 4", "Fig. 4", "Fig. 5")):
+            rounds = {run["num_rounds"] for side in row["runs"] for run in side}
+            assert rounds == {params["NUM_ROUNDS"] + (" DH 0%" in row["claim"])}, row["claim"]
     assert 0 <= glue["runs_capped"] <= glue["runs_stopping"] and glue["scale_rounds"] == params["SCALE_ROUNDS"]
     assert 0 <= glue["double_wins"] <= glue["num_levels"]
     assert glue["best_alpha_dh0"] in params["ALPHAS"] and glue["best_epochs"] in params["LOCAL_EPOCHS"]
@@ -974,6 +990,10 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
         for name in ("smoke", "book", "evidence"):
             assert (book.profile_parameters(PROFILES, stem, name).get("HORIZONS", {})
                     == book.profile_parameters(PROFILES, "tuning", name).get("HORIZONS", {})), (stem, name)
+    # the DisTrans ablations reuse the DisTrans chapter's tuning: a level's longer horizon is the same on both pages
+    for name in ("smoke", "book", "evidence"):
+        assert (book.profile_parameters(PROFILES, "distrans_ablations", name)["HORIZONS"]
+                == book.profile_parameters(PROFILES, "distrans", name)["HORIZONS"]), name
     # the evidence chooses its rates by one rule everywhere: the tuning chapter's
     rule = evidence["TUNE_CONVERGING"]
     assert rule and all(book.profile_parameters(PROFILES, stem, "evidence").get("TUNE_CONVERGING", rule) == rule
@@ -1056,7 +1076,9 @@ def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_befo
     ("head_to_head", {"HORIZONS": {"label skew": 0}}, "HORIZONS: 'label skew' maps to 0, not a number of rounds (a "
                                                       "positive integer)"),
     ("tuning", {"HORIZONS": {"one class per client": 180}}, "HORIZONS: 'one class per client' names no benchmark of "
-                                                            "this page (it runs feature skew, label skew)")])
+                                                            "this page (it runs feature skew, label skew)"),
+    ("distrans", {"HORIZONS": {"100%": 300}}, "HORIZONS: '100%' names no DH level of the DisTrans split of this page "
+                                              "(it runs 0%, 80%)")])
 def test_a_horizon_for_nothing_a_page_runs_stops_it_before_any_run(tmp_path, stem, horizons, message):
     import papermill as pm
 

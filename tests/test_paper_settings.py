@@ -616,3 +616,27 @@ def test_each_flow_is_tuned_on_its_own_and_its_runs_get_its_rate(monkeypatch, ti
     out, tuned = tuned_configs(configs, t, method_of=flow_label)
     assert [c.lr for c in out[("fedavg", "alone")]] == [0.03, 0.03]
     assert [c.lr for c in out[("fedavg", "+ FedRDN")]] == [0.1, 0.1] and tuned[("fedavg", "+ FedRDN")] == {"lr"}
+
+
+def test_a_level_with_a_longer_horizon_is_tuned_at_it_and_its_runs_get_that_rate(monkeypatch, tiny):
+    from fedlab_core.tuning import at_horizons, horizon_label
+
+    horizons = {"0%": 30}                        # one level of a page trains 30 rounds, the others 10
+    methods = at_horizons({"fedavg": {"algorithm": "fedavg"}}, horizons)
+    assert methods == {"fedavg": {"algorithm": "fedavg"},
+                       "fedavg at 30 rounds": {"algorithm": "fedavg", "num_rounds": 30}}
+    # a validation score that prefers 0.1 at 10 rounds and 0.03 at 30: each horizon keeps its own choice
+    seen = set()
+
+    def score_of(c):
+        seen.add(c.num_rounds)
+        return -abs(c.lr - (0.03 if c.num_rounds == 30 else 0.1))
+    _scored_by(monkeypatch, score_of)
+    t = tune(tiny.replace(lr=None), methods, rounds=10, rates=(0.01, 0.03, 0.1, 0.3))
+    assert seen == {10, 30} and t.chosen == {"fedavg": {"lr": 0.1}, "fedavg at 30 rounds": {"lr": 0.03}}
+    configs = {("fedavg", level): [tiny.replace(lr=None, seed=s, num_rounds=horizons.get(level, 10)) for s in (0, 1)]
+               for level in ("0%", "80%")}
+    out, tuned = tuned_configs(configs, t, method_of=lambda key: horizon_label(key[0], horizons.get(key[1])))
+    assert [(c.lr, c.num_rounds) for c in out[("fedavg", "0%")]] == [(0.03, 30)] * 2
+    assert [(c.lr, c.num_rounds) for c in out[("fedavg", "80%")]] == [(0.1, 10)] * 2
+    assert at_horizons({"fedavg": {}}, {}) == {"fedavg": {}}     # no horizon: the methods as given
