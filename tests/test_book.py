@@ -1078,7 +1078,9 @@ def test_a_misspelt_or_wrongly_typed_papermill_parameter_stops_the_notebook_befo
     ("tuning", {"HORIZONS": {"one class per client": 180}}, "HORIZONS: 'one class per client' names no benchmark of "
                                                             "this page (it runs feature skew, label skew)"),
     ("distrans", {"HORIZONS": {"100%": 300}}, "HORIZONS: '100%' names no DH level of the DisTrans split of this page "
-                                              "(it runs 0%, 80%)")])
+                                              "(it runs 0%, 80%)"),
+    ("distrans_ablations", {"HORIZONS": {"0%": 2.5}}, "HORIZONS: '0%' maps to 2.5, not a number of rounds (a positive "
+                                                      "integer)")])
 def test_a_horizon_for_nothing_a_page_runs_stops_it_before_any_run(tmp_path, stem, horizons, message):
     import papermill as pm
 
