@@ -990,10 +990,12 @@ def test_the_chapters_tune_as_the_tuning_chapter_does_so_its_runs_are_reused(pro
         for name in ("smoke", "book", "evidence"):
             assert (book.profile_parameters(PROFILES, stem, name).get("HORIZONS", {})
                     == book.profile_parameters(PROFILES, "tuning", name).get("HORIZONS", {})), (stem, name)
-    # the DisTrans ablations reuse the DisTrans chapter's tuning: a level's longer horizon is the same on both pages
+    # the DisTrans ablations reuse the DisTrans chapter's tuning: a level the chapter runs for longer, the ablations
+    # run for as long, so DisTrans's runs at that level have one budget on both pages (the ablations alone run DH 0%
+    # for 300 rounds: at that horizon the chapter's DisTrans still rises, README)
     for name in ("smoke", "book", "evidence"):
-        assert (book.profile_parameters(PROFILES, "distrans_ablations", name)["HORIZONS"]
-                == book.profile_parameters(PROFILES, "distrans", name)["HORIZONS"]), name
+        assert (book.profile_parameters(PROFILES, "distrans", name)["HORIZONS"].items()
+                <= book.profile_parameters(PROFILES, "distrans_ablations", name)["HORIZONS"].items()), name
     # the evidence chooses its rates by one rule everywhere: the tuning chapter's
     rule = evidence["TUNE_CONVERGING"]
     assert rule and all(book.profile_parameters(PROFILES, stem, "evidence").get("TUNE_CONVERGING", rule) == rule
