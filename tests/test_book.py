@@ -240,17 +240,28 @@ def test_smoke_distrans_toys_headline_numbers(smoke_book):
     assert glue["num_seeds"] == len(params["SEEDS"])
 
 
+def _page_rows(stem, params, tmp_path, monkeypatch=None):
+    """{claim: verdict row} of the page `stem` executed with `params`; given `monkeypatch`, from the archive alone (a
+    deadline already past: a run it lacks fails, none is computed; the archive's runs, not this checkout's cache)."""
+    import time
+
+    import papermill as pm
+
+    if monkeypatch is not None:
+        monkeypatch.setenv("FEDLAB_DEADLINE", str(time.time()))
+        monkeypatch.setenv("FEDLAB_CACHE_DIR", str(tmp_path / "cache"))
+    pm.execute_notebook(str(ROOT / "notebooks" / f"{stem}.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
+    return {r["claim"]: r for r in json.loads((tmp_path / "results" / f"{stem}.json").read_text())["rows"]}
+
+
 def test_the_toys_judge_the_argmin_gap_on_its_grid_and_give_a_straddling_claim_its_second_look(tmp_path):
     # the book profile's toys (seconds of numpy): the argmin gap is the same with and without offsets on every
     # seed, which is no difference within one step of the w grid; Fig. 2b's loss straddles at five seeds, so
     # seeds 5-9 are added and it is judged on ten
-    import papermill as pm
-
     params = book.profile_parameters(PROFILES, "distrans_toys", "book")
     assert params["LOOKS"] == 2 and params["SEEDS"] == [0, 1, 2, 3, 4]
-    pm.execute_notebook(str(ROOT / "notebooks" / "distrans_toys.ipynb"), str(tmp_path / "out.ipynb"),
-                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
-    rows = {r["claim"]: r for r in json.loads((tmp_path / "results" / "distrans_toys.json").read_text())["rows"]}
+    rows = _page_rows("distrans_toys", params, tmp_path)
     argmin = rows["Fig. 2a: offsets bring the two clients' best w together (argmin gap)"]
     assert argmin["verdict"] == "not held (no difference)" and argmin["seeds"] == 5
     assert argmin["low"] == argmin["high"] == 0.0
@@ -265,17 +276,9 @@ def test_the_fedrdn_analysis_reads_fig_2_on_one_budget_and_gives_its_straddling_
     # Every local-epoch setting trains the one-epoch runs' rounds; the "at convergence" claims straddled at five
     # seeds, so their arms' seeds 5-9 are read as the claim reads them and judged on ten; the "equal steps"
     # readings stop a 20-epoch run after 6 rounds, before it settles, so they stay at five, not converged
-    import time
-
-    import papermill as pm
-
-    monkeypatch.setenv("FEDLAB_DEADLINE", str(time.time()))
-    monkeypatch.setenv("FEDLAB_CACHE_DIR", str(tmp_path / "cache"))   # the archive's runs, not this checkout's cache
     params = book.profile_parameters(PROFILES, "fedrdn_analysis", "book")
     assert params["EPOCH_MAX_ROUNDS"] == params["NUM_ROUNDS"] and params["LOOKS"] == 2
-    pm.execute_notebook(str(ROOT / "notebooks" / "fedrdn_analysis.ipynb"), str(tmp_path / "out.ipynb"),
-                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
-    rows = {r["claim"]: r for r in json.loads((tmp_path / "results" / "fedrdn_analysis.json").read_text())["rows"]}
+    rows = _page_rows("fedrdn_analysis", params, tmp_path, monkeypatch)
     last = params["EPOCHS"][-1]
     for claim in (f"Fig. 2, at convergence: FedAvg is better with 1 local epoch than with {last}",
                   f"Fig. 2, at convergence: FedRDN beats FedAvg at {last} local epochs"):
@@ -294,17 +297,9 @@ def test_the_distrans_page_decides_table_1_at_dh_60_and_80_from_the_archive_alon
     # UMAP feature maps come from book/measurements). At its tuned personal rate pFedMe settles at every DH and is
     # ahead of DisTrans at 60% (decided at five seeds) and 80% (straddled at five, decided at ten: seeds 5-9 of all
     # five arms); the best rival is picked on the tuning seeds, not on the runs the claim reads
-    import time
-
-    import papermill as pm
-
-    monkeypatch.setenv("FEDLAB_DEADLINE", str(time.time()))
-    monkeypatch.setenv("FEDLAB_CACHE_DIR", str(tmp_path / "cache"))
     params = book.profile_parameters(PROFILES, "distrans", "book")
     assert params["TUNE_SECOND_RATES"] == {"pfedme": ["personal_lr", [0.01, 0.03, 0.09]]} and params["LOOKS"] == 2
-    pm.execute_notebook(str(ROOT / "notebooks" / "distrans.ipynb"), str(tmp_path / "out.ipynb"),
-                        parameters=params, progress_bar=False, cwd=str(tmp_path), log_output=False)
-    rows = {r["claim"]: r for r in json.loads((tmp_path / "results" / "distrans.json").read_text())["rows"]}
+    rows = _page_rows("distrans", params, tmp_path, monkeypatch)
     for dh, seeds in ((60, 5), (80, 10)):
         row = rows[f"Table 1, DH {dh}%: DisTrans beats every other method (closest: pfedme)"]
         assert row["verdict"] == "not held (reversed)" and row["seeds"] == seeds and row["converged"]
@@ -314,6 +309,25 @@ def test_the_distrans_page_decides_table_1_at_dh_60_and_80_from_the_archive_alon
     # DH 0% still rises over its last third at 180 rounds: the rule does not read it
     assert rows["Table 1, DH 0%: DisTrans beats every other method (closest: moon)"]["verdict"] == \
         "inconclusive (not converged)"
+
+
+def test_the_ablations_judge_dh_0_at_300_rounds_from_the_archive_alone(tmp_path, monkeypatch):
+    # the book profile from the archive alone (a deadline already past: a run it lacks fails, none is computed): DH 0%
+    # is read at its longer horizon, whose runs still rise there (README), while the other levels keep the page's
+    # rounds and Fig. 5's claim at DH 60% stays decided at its second look
+    params = book.profile_parameters(PROFILES, "distrans_ablations", "book")
+    assert params["HORIZONS"] == {"0%": 300}
+    rows = list(_page_rows("distrans_ablations", params, tmp_path, monkeypatch).values())
+    at_dh0 = [row for row in rows if "DH 0%" in row["claim"]]
+    assert len(at_dh0) == 5
+    for row in at_dh0:
+        assert {run["num_rounds"] for side in row["runs"] for run in side} == {300}, row["claim"]
+        assert row["verdict"] == "inconclusive (not converged)" and row["seeds"] == 5, row["claim"]
+    for row in rows:
+        if "DH 60%" in row["claim"]:
+            assert {run["num_rounds"] for side in row["runs"] for run in side} == {params["NUM_ROUNDS"]}, row["claim"]
+    fig5 = next(row for row in rows if row["claim"].startswith("Fig. 5, DH 60%"))
+    assert fig5["verdict"] == "not held (reversed)" and fig5["seeds"] == 10 and fig5["converged"]
 
 
 def test_smoke_distrans_headline_numbers(smoke_book):
